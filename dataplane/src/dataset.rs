@@ -1,0 +1,86 @@
+//! What the data plane knows about a dataset: where its bytes live, how long
+//! it is, and the chunk checksums its reads are verified against.
+
+use std::sync::Arc;
+
+use crate::driver::Namespace;
+
+/// Checksum granularity of every sealed dataset (CRC32C per chunk).
+///
+/// 64 KiB keeps the manifest at 64 KiB per GiB of data while a large read
+/// still covers whole chunks and so can be verified on the way out.
+pub const CHUNK_SIZE_BYTES: u64 = 64 * 1024;
+
+/// A byte range of a dataset, as a client asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+}
+
+/// The outcome of one range of a batch. A bad range fails that range only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RangeStatus {
+    Ok = 0,
+    OutOfBounds = 1,
+    IoError = 2,
+    ChecksumMismatch = 3,
+}
+
+impl RangeStatus {
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(Self::Ok),
+            1 => Some(Self::OutOfBounds),
+            2 => Some(Self::IoError),
+            3 => Some(Self::ChecksumMismatch),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::OutOfBounds => "out of bounds",
+            Self::IoError => "I/O error",
+            Self::ChecksumMismatch => "checksum mismatch",
+        }
+    }
+}
+
+/// A sealed dataset as the data plane serves it: immutable, shared by cores.
+pub struct DatasetView {
+    pub namespace: Arc<dyn Namespace>,
+    /// Byte offset of the dataset's first byte inside the namespace; a
+    /// multiple of the namespace's block size.
+    pub base_offset_bytes: u64,
+    pub length_bytes: u64,
+    /// CRC32C of each [`CHUNK_SIZE_BYTES`] chunk; the last may be short.
+    /// Empty means "not verified by the data plane".
+    pub chunk_crcs: Arc<[u32]>,
+}
+
+impl DatasetView {
+    /// Whether `range` lies inside the dataset.
+    pub fn contains(&self, range: ByteRange) -> bool {
+        range
+            .offset_bytes
+            .checked_add(u64::from(range.len_bytes))
+            .is_some_and(|end| end <= self.length_bytes)
+    }
+
+    pub fn chunk_count(&self) -> u64 {
+        self.length_bytes.div_ceil(CHUNK_SIZE_BYTES)
+    }
+}
+
+impl std::fmt::Debug for DatasetView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetView")
+            .field("base_offset_bytes", &self.base_offset_bytes)
+            .field("length_bytes", &self.length_bytes)
+            .field("chunks", &self.chunk_crcs.len())
+            .finish()
+    }
+}

@@ -1,0 +1,211 @@
+//! Block drivers: what owns the storage devices and moves blocks between them
+//! and DMA buffers.
+//!
+//! A [`BlockDriver`] opens namespaces (a linear LBA space with a block size)
+//! and makes one [`Queue`] per data-plane core. The control path (ingest,
+//! seal, scrub) uses the [`Namespace`]'s synchronous calls; the hot path only
+//! the queues, which are owned by one core each and dispatched by enum.
+
+mod mem;
+mod uring;
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use mem::{MemDriver, MemQueue};
+pub use uring::{UringDriver, UringQueue};
+
+use crate::dma::Arena;
+
+/// Which backend a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverKind {
+    /// io_uring on files and block devices; works everywhere.
+    Uring,
+    /// Memory only; for tests and demos without a disk.
+    Mem,
+}
+
+impl fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Uring => "uring",
+            Self::Mem => "mem",
+        })
+    }
+}
+
+/// Whether file-backed namespaces bypass the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    /// O_DIRECT: reads go to the device, as with SPDK.
+    Direct,
+    /// Through the page cache.
+    Buffered,
+}
+
+
+/// A namespace's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceGeometry {
+    pub block_size_bytes: u32,
+    pub capacity_bytes: u64,
+}
+
+/// How to find a namespace.
+#[derive(Clone, Debug)]
+pub enum NamespaceSpec {
+    /// A file or block device, created when `create` is set.
+    File { path: PathBuf, create: bool },
+    /// A fresh in-memory namespace.
+    Mem,
+}
+
+/// What a queue submits I/O to.
+#[derive(Clone)]
+pub enum IoTarget {
+    Fd(std::os::fd::RawFd),
+    Mem(Arc<mem::MemStore>),
+}
+
+/// Control-path access to a namespace: synchronous, for ingest and seal.
+pub trait Namespace: Send + Sync {
+    fn geometry(&self) -> NamespaceGeometry;
+    /// Writes `data` at `offset_bytes`, growing a file-backed namespace.
+    fn write_at(&self, offset_bytes: u64, data: &[u8]) -> io::Result<()>;
+    fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Makes every write so far durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Cuts the namespace to `len_bytes`, rounded up to the block size.
+    fn truncate(&self, len_bytes: u64) -> io::Result<()>;
+    /// What the hot path submits to.
+    fn target(&self) -> IoTarget;
+    fn describe(&self) -> String;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("opening namespace {what}: {source}")]
+    Open {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("setting up an io_uring queue: {0}")]
+    RingSetup(#[source] io::Error),
+    #[error("namespace {0:?} is not one this {1} driver can open")]
+    WrongSpec(NamespaceSpec, DriverKind),
+}
+
+/// A backend. Shared by all cores; each core asks it for its own queue.
+pub trait BlockDriver: Send + Sync {
+    fn kind(&self) -> DriverKind;
+    fn open_namespace(&self, spec: &NamespaceSpec) -> Result<Arc<dyn Namespace>, DriverError>;
+    /// A queue pair for one core, reading into `arena`.
+    fn create_queue(&self, arena: &Arena, depth: u32) -> Result<Queue, DriverError>;
+}
+
+/// A raw I/O completion: `result` is bytes moved, or a negative errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub tag: u64,
+    pub result: i32,
+}
+
+/// A full submission queue; the caller retries after reaping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("submission queue full")]
+pub struct QueueFull;
+
+/// One block read, handed to a queue. The buffer belongs to the queue until
+/// its completion is reaped.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadIo {
+    /// Index of the namespace in the queue's table (see
+    /// [`Queue::register_namespace`]).
+    pub namespace_index: u32,
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+    pub buf: *mut u8,
+    pub tag: u64,
+}
+
+/// A core's queue pair on one device. Owned by that core (`!Sync` through
+/// the raw pointers it holds); every call takes `&mut self`.
+pub enum Queue {
+    Uring(UringQueue),
+    Mem(MemQueue),
+}
+
+impl Queue {
+    /// Makes `target` addressable as `index` (registered file where the
+    /// backend has them).
+    pub fn register_namespace(&mut self, index: u32, target: &IoTarget) {
+        match self {
+            Self::Uring(q) => q.register_namespace(index, target),
+            Self::Mem(q) => q.register_namespace(index, target),
+        }
+    }
+
+    pub fn unregister_namespace(&mut self, index: u32) {
+        match self {
+            Self::Uring(q) => q.unregister_namespace(index),
+            Self::Mem(q) => q.unregister_namespace(index),
+        }
+    }
+
+    /// Queues a read; it reaches the device at the next [`Queue::flush`].
+    ///
+    /// # Safety
+    /// `io.buf` must point to `io.len_bytes` writable bytes, aligned to 4096,
+    /// that nothing else reads or writes until the completion for `io.tag`
+    /// has been reaped.
+    pub unsafe fn push_read(&mut self, io: ReadIo) -> Result<(), QueueFull> {
+        match self {
+            // SAFETY: forwarded contract.
+            Self::Uring(q) => unsafe { q.push_read(io) },
+            // SAFETY: forwarded contract.
+            Self::Mem(q) => unsafe { q.push_read(io) },
+        }
+    }
+
+    /// Rings the doorbell for everything pushed since the last flush.
+    pub fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Self::Uring(q) => q.flush(),
+            Self::Mem(_) => Ok(()),
+        }
+    }
+
+    /// Moves up to `max` completions into `out`; never blocks.
+    pub fn reap(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        match self {
+            Self::Uring(q) => q.reap(out, max),
+            Self::Mem(q) => q.reap(out, max),
+        }
+    }
+
+    /// Blocks until at least one completion is ready (flushing first).
+    pub fn wait(&mut self) -> io::Result<()> {
+        match self {
+            Self::Uring(q) => q.wait(),
+            Self::Mem(_) => Ok(()),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        match self {
+            Self::Uring(q) => q.in_flight(),
+            Self::Mem(q) => q.in_flight(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Uring(q) => q.describe(),
+            Self::Mem(_) => "mem".to_string(),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The storage node's data plane: block drivers, DMA buffers, and the per-core
+//! engines that turn batches of byte ranges into block reads.
+//!
+//! It knows nothing of transports or the catalog: a transport hands a
+//! [`ReadBatch`] to a core through [`DataPlane::submit`] and gets a
+//! [`BatchResult`] back whose bytes still live in the core's DMA buffers, so
+//! the transport can send them without a copy.
+
+pub mod dataset;
+pub mod dma;
+pub mod driver;
+pub mod engine;
+pub mod plan;
+
+pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
+pub use dma::{Arena, SlotLease};
+pub use driver::{BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec};
+pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, ReadBatch, SubmitError};

@@ -1,0 +1,308 @@
+//! Turns a batch of byte ranges into block I/O: covering blocks for unaligned
+//! ranges, adjacent ranges merged, extents split into I/O units that fit a DMA
+//! slot, and for each range the pieces of unit data that make up its bytes.
+//!
+//! Pure and allocation-bounded by the batch size, so it is tested
+//! exhaustively with proptest without any device.
+
+use crate::dataset::{ByteRange, RangeStatus};
+use crate::dma::IO_ALIGN_BYTES;
+
+/// The geometry a plan is made for.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanGeometry {
+    /// Logical block size of the namespace; a power of two ≤ 4096.
+    pub block_size_bytes: u32,
+    /// Largest single I/O, equal to the DMA slot size; a multiple of 4096.
+    pub unit_bytes_max: u32,
+    /// Where the dataset starts in its namespace (block-aligned).
+    pub base_offset_bytes: u64,
+    pub length_bytes: u64,
+}
+
+/// One block I/O of the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoUnit {
+    /// Namespace byte offset; block-aligned.
+    pub offset_bytes: u64,
+    /// A multiple of the block size, ≤ `unit_bytes_max`.
+    pub len_bytes: u32,
+    /// Fewer bytes than `len_bytes` may come back at the end of the
+    /// namespace; this many are needed.
+    pub needed_bytes: u32,
+    /// Which slot of the batch's lease, and where in it.
+    pub lease_slot: u32,
+    pub slot_offset_bytes: u32,
+}
+
+/// Part of a range's bytes inside one unit's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub unit: u32,
+    pub unit_offset_bytes: u32,
+    pub len_bytes: u32,
+}
+
+/// The block I/O for one batch and how to cut the ranges back out of it.
+#[derive(Debug, Default)]
+pub struct BatchPlan {
+    pub statuses: Vec<RangeStatus>,
+    pub units: Vec<IoUnit>,
+    pub pieces: Vec<Piece>,
+    /// Per range, in request order: `(first piece, piece count)`.
+    pub range_pieces: Vec<(u32, u32)>,
+    pub slots_needed: u32,
+}
+
+impl BatchPlan {
+    pub fn pieces_of(&self, range_index: usize) -> &[Piece] {
+        let (first, count) = self.range_pieces[range_index];
+        &self.pieces[first as usize..(first + count) as usize]
+    }
+
+    /// Total bytes the ranges that are `Ok` deliver.
+    pub fn payload_bytes(&self) -> u64 {
+        self.pieces.iter().map(|p| u64::from(p.len_bytes)).sum()
+    }
+}
+
+/// Upper bound on the DMA bytes one range of `len_bytes` can take, at any
+/// offset, for block sizes ≤ 4096: clients split batches with it so that
+/// a batch always fits a core's pool.
+pub fn footprint_bound_bytes(len_bytes: u32) -> u64 {
+    u64::from(len_bytes).next_multiple_of(IO_ALIGN_BYTES as u64) + 2 * IO_ALIGN_BYTES as u64
+}
+
+/// Plans `ranges` against `geometry`.
+pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
+    let block = u64::from(geometry.block_size_bytes);
+    let unit_max = u64::from(geometry.unit_bytes_max);
+    assert!(block.is_power_of_two() && block <= IO_ALIGN_BYTES as u64, "block size {block}");
+    assert!(unit_max % IO_ALIGN_BYTES as u64 == 0 && unit_max >= block, "unit size {unit_max}");
+    assert!(geometry.base_offset_bytes % block == 0, "dataset base not block-aligned");
+
+    let mut plan = BatchPlan {
+        statuses: vec![RangeStatus::Ok; ranges.len()],
+        range_pieces: vec![(0, 0); ranges.len()],
+        ..BatchPlan::default()
+    };
+    // Ranges with bytes to read, as (absolute start, absolute end, index).
+    let mut live: Vec<(u64, u64, u32)> = Vec::with_capacity(ranges.len());
+    for (index, range) in ranges.iter().enumerate() {
+        let end = range.offset_bytes.checked_add(u64::from(range.len_bytes));
+        match end {
+            Some(end) if end <= geometry.length_bytes => {
+                if range.len_bytes > 0 {
+                    let base = geometry.base_offset_bytes;
+                    live.push((base + range.offset_bytes, base + end, index as u32));
+                }
+            }
+            _ => plan.statuses[index] = RangeStatus::OutOfBounds,
+        }
+    }
+    live.sort_unstable();
+
+    let namespace_end = geometry.base_offset_bytes + geometry.length_bytes;
+    let mut packer = SlotPacker::new(geometry.unit_bytes_max);
+    let mut cursor = 0;
+    while cursor < live.len() {
+        // Grow one extent over every range whose blocks touch it.
+        let extent_start = live[cursor].0 / block * block;
+        let mut extent_end = live[cursor].1.next_multiple_of(block);
+        let mut last = cursor + 1;
+        while last < live.len() && live[last].0 / block * block <= extent_end {
+            extent_end = extent_end.max(live[last].1.next_multiple_of(block));
+            last += 1;
+        }
+        let first_unit = plan.units.len() as u32;
+        let mut offset = extent_start;
+        while offset < extent_end {
+            let len = (extent_end - offset).min(unit_max);
+            let needed = len.min(namespace_end.saturating_sub(offset));
+            let (lease_slot, slot_offset_bytes) = packer.place(len as u32);
+            plan.units.push(IoUnit {
+                offset_bytes: offset,
+                len_bytes: len as u32,
+                needed_bytes: needed as u32,
+                lease_slot,
+                slot_offset_bytes,
+            });
+            offset += len;
+        }
+        for &(start, end, index) in &live[cursor..last] {
+            let first_piece = plan.pieces.len() as u32;
+            let mut at = start;
+            while at < end {
+                let within = at - extent_start;
+                let unit = first_unit + (within / unit_max) as u32;
+                let unit_offset = within % unit_max;
+                let len = (end - at).min(unit_max - unit_offset);
+                plan.pieces.push(Piece {
+                    unit,
+                    unit_offset_bytes: unit_offset as u32,
+                    len_bytes: len as u32,
+                });
+                at += len;
+            }
+            plan.range_pieces[index as usize] = (first_piece, plan.pieces.len() as u32 - first_piece);
+        }
+        cursor = last;
+    }
+    plan.slots_needed = packer.slots_used();
+    plan
+}
+
+/// Bump allocation of units into fixed-size slots.
+struct SlotPacker {
+    slot_size_bytes: u32,
+    slots_used: u32,
+    used_bytes: u32,
+}
+
+impl SlotPacker {
+    fn new(slot_size_bytes: u32) -> Self {
+        Self { slot_size_bytes, slots_used: 0, used_bytes: 0 }
+    }
+
+    fn place(&mut self, len_bytes: u32) -> (u32, u32) {
+        let footprint = len_bytes.next_multiple_of(IO_ALIGN_BYTES as u32);
+        assert!(footprint <= self.slot_size_bytes, "unit larger than a slot");
+        if self.slots_used == 0 || self.used_bytes + footprint > self.slot_size_bytes {
+            self.slots_used += 1;
+            self.used_bytes = 0;
+        }
+        let at = (self.slots_used - 1, self.used_bytes);
+        self.used_bytes += footprint;
+        at
+    }
+
+    fn slots_used(&self) -> u32 {
+        self.slots_used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn geometry(length_bytes: u64, block_size_bytes: u32) -> PlanGeometry {
+        PlanGeometry {
+            block_size_bytes,
+            unit_bytes_max: 128 * 1024,
+            base_offset_bytes: 0,
+            length_bytes,
+        }
+    }
+
+    fn range(offset_bytes: u64, len_bytes: u32) -> ByteRange {
+        ByteRange { offset_bytes, len_bytes }
+    }
+
+    /// Reassembles every range from a simulated read of `data` and checks it.
+    fn check_plan(data: &[u8], ranges: &[ByteRange], geometry: PlanGeometry) {
+        let plan = plan_batch(ranges, geometry);
+        let slot = geometry.unit_bytes_max as usize;
+        let mut slots = vec![0u8; plan.slots_needed as usize * slot];
+        for unit in &plan.units {
+            assert_eq!(unit.offset_bytes % u64::from(geometry.block_size_bytes), 0);
+            assert_eq!(unit.len_bytes % geometry.block_size_bytes, 0);
+            assert_eq!(unit.slot_offset_bytes as usize % IO_ALIGN_BYTES, 0);
+            assert!(unit.slot_offset_bytes + unit.len_bytes <= geometry.unit_bytes_max);
+            let at = unit.lease_slot as usize * slot + unit.slot_offset_bytes as usize;
+            let from = (unit.offset_bytes - geometry.base_offset_bytes) as usize;
+            let have = data.len().saturating_sub(from).min(unit.len_bytes as usize);
+            assert!(have >= unit.needed_bytes as usize, "needed bytes beyond the data");
+            slots[at..at + have].copy_from_slice(&data[from..from + have]);
+        }
+        for (index, r) in ranges.iter().enumerate() {
+            let in_bounds = r.offset_bytes + u64::from(r.len_bytes) <= data.len() as u64;
+            if !in_bounds {
+                assert_eq!(plan.statuses[index], RangeStatus::OutOfBounds);
+                continue;
+            }
+            assert_eq!(plan.statuses[index], RangeStatus::Ok);
+            let mut got = Vec::new();
+            for piece in plan.pieces_of(index) {
+                let unit = plan.units[piece.unit as usize];
+                assert!(piece.unit_offset_bytes + piece.len_bytes <= unit.len_bytes);
+                let at = unit.lease_slot as usize * slot
+                    + unit.slot_offset_bytes as usize
+                    + piece.unit_offset_bytes as usize;
+                got.extend_from_slice(&slots[at..at + piece.len_bytes as usize]);
+            }
+            let start = r.offset_bytes as usize;
+            assert_eq!(got, &data[start..start + r.len_bytes as usize], "range {index}");
+        }
+    }
+
+    /// Adjacent and overlapping ranges become one I/O.
+    #[test]
+    fn adjacent_ranges_merge() {
+        let plan = plan_batch(&[range(0, 100), range(100, 100), range(50, 4000)], geometry(1 << 20, 4096));
+        assert_eq!(plan.units.len(), 1);
+        assert_eq!(plan.units[0].len_bytes, 4096);
+        let plan = plan_batch(&[range(0, 10), range(8192, 10)], geometry(1 << 20, 4096));
+        assert_eq!(plan.units.len(), 2, "a gap of a whole block is not read");
+    }
+
+    /// A 1 MiB range is split into slot-sized units.
+    #[test]
+    fn large_ranges_split_into_units() {
+        let plan = plan_batch(&[range(1, 1 << 20)], geometry(4 << 20, 4096));
+        assert_eq!(plan.units.len(), 9, "1 MiB + 1 byte spans 257 blocks");
+        assert_eq!(plan.pieces_of(0).len(), 9);
+        assert_eq!(plan.slots_needed, 9);
+    }
+
+    /// Out-of-bounds and overflowing ranges fail alone.
+    #[test]
+    fn bad_ranges_fail_alone() {
+        let plan = plan_batch(&[range(10, 10), range(u64::MAX, 2), range(999, 2)], geometry(1000, 512));
+        assert_eq!(plan.statuses, vec![RangeStatus::Ok, RangeStatus::OutOfBounds, RangeStatus::OutOfBounds]);
+        assert_eq!(plan.units.len(), 1);
+    }
+
+    /// The tail block of a dataset whose length is not block-aligned needs
+    /// only the bytes that exist.
+    #[test]
+    fn tail_needs_only_existing_bytes() {
+        let plan = plan_batch(&[range(4000, 100)], geometry(4100, 4096));
+        assert_eq!(plan.units.len(), 1);
+        assert_eq!(plan.units[0].len_bytes, 8192);
+        assert_eq!(plan.units[0].needed_bytes, 4100);
+        check_plan(&vec![7u8; 4100], &[range(4000, 100)], geometry(4100, 4096));
+    }
+
+    proptest! {
+        /// Any batch reassembles byte-exact, whatever the block size.
+        #[test]
+        fn plans_reassemble_exactly(
+            len in 1usize..600_000,
+            block_shift in 9u32..=12,
+            raw in proptest::collection::vec((any::<u64>(), 0u32..300_000), 1..40),
+        ) {
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let ranges: Vec<ByteRange> = raw.iter().map(|&(o, l)| {
+                // Mostly in bounds, sometimes past the end.
+                let offset = o % (len as u64 + 100);
+                range(offset, l.min(len as u32))
+            }).collect();
+            check_plan(&data, &ranges, geometry(len as u64, 1 << block_shift));
+        }
+
+        /// A batch within the client's footprint budget fits twice its
+        /// budget in slots, whatever the offsets.
+        #[test]
+        fn footprint_bound_holds(
+            raw in proptest::collection::vec((any::<u64>(), 1u32..(4 << 20)), 1..64),
+        ) {
+            let length = 1u64 << 40;
+            let ranges: Vec<ByteRange> = raw.iter().map(|&(o, l)| range(o % (length - (4 << 20)), l)).collect();
+            let budget: u64 = ranges.iter().map(|r| footprint_bound_bytes(r.len_bytes)).sum();
+            let plan = plan_batch(&ranges, geometry(length, 4096));
+            let slot = 128 * 1024u64;
+            prop_assert!(u64::from(plan.slots_needed) * slot <= 2 * budget + slot);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Transports between training hosts and storage nodes: the wire format, the
+//! control-message codec, and the TCP transport (the fallback, and the
+//! default where no RDMA NIC exists). RDMA verbs join behind the same batch
+//! semantics.
+
+pub mod codec;
+pub mod tcp;
+pub mod wire;
+
+pub use codec::{ControlMessage, ErrorCode, OpenInfo};
+pub use wire::{BatchStatus, RangeDescriptor};
