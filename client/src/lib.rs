@@ -1,1 +1,273 @@
-//! placeholder
+//! The training-host library: find a node through its control API, open a
+//! dataset by name, and read batches of `(offset, len, dest)` ranges into
+//! your own buffer in one call.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sluice_client::ClientError> {
+//! let client = sluice_client::Client::connect("http://127.0.0.1:7070").await?;
+//! let dataset = client.open("wiki-tokens").await?;
+//! let mut buf = vec![0u8; 8192];
+//! let ranges = [sluice_client::ReadRange { offset: 0, len: 4096, dest: 0 },
+//!               sluice_client::ReadRange { offset: 1 << 20, len: 4096, dest: 4096 }];
+//! let statuses = dataset.read_batch(&ranges, &mut buf).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod blocking;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use sluice_dataplane::plan::footprint_bound_bytes;
+use sluice_rdma::tcp::{TcpClient, TransportError};
+use sluice_rdma::wire::RangeDescriptor;
+use sluice_rdma::OpenInfo;
+use zerocopy_le::{U32, U64};
+
+pub use sluice_dataplane::{RangeStatus, CHUNK_SIZE_BYTES};
+
+mod zerocopy_le {
+    pub use sluice_rdma::wire::le::{U32, U64};
+}
+
+/// Ranges longer than this travel as several pieces, so any range fits a
+/// wire batch.
+const RANGE_PIECE_BYTES_MAX: u32 = 4 << 20;
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One range of a batch: `len` bytes at dataset byte `offset`, placed at
+/// `dest` in the caller's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRange {
+    pub offset: u64,
+    pub len: u32,
+    pub dest: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("control API {endpoint}: {message}")]
+    Control { endpoint: String, message: String },
+    #[error("{0}")]
+    Transport(#[from] TransportError),
+    #[error("range {index} ({len} bytes at dest {dest}) does not fit the {buf_len}-byte buffer")]
+    Destination { index: usize, dest: u64, len: u32, buf_len: usize },
+    #[error("node's data address {0:?} is not host:port")]
+    BadAddress(String),
+}
+
+/// What the node's control API says about itself.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub version: String,
+    pub data_addr: String,
+    pub control_addr: String,
+    pub driver: String,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Check the CRC32C of every whole 64 KiB chunk a read covers against
+    /// the dataset's manifest; a mismatch fails that range.
+    pub verify_chunks: bool,
+}
+
+/// A connection to one node.
+pub struct Client {
+    endpoint: String,
+    node: NodeInfo,
+    transport: Arc<TcpClient>,
+}
+
+fn http_get(endpoint: &str, path: &str) -> Result<ureq::Response, ClientError> {
+    let url = format!("{}{path}", endpoint.trim_end_matches('/'));
+    ureq::get(&url).timeout(HTTP_TIMEOUT).call().map_err(|err| ClientError::Control {
+        endpoint: endpoint.to_string(),
+        message: match err {
+            ureq::Error::Status(code, response) => {
+                format!("{code}: {}", response.into_string().unwrap_or_default())
+            }
+            other => other.to_string(),
+        },
+    })
+}
+
+impl Client {
+    /// Asks the control API at `endpoint` (e.g. `http://127.0.0.1:7070`) for
+    /// the node's data address and connects to it over TCP.
+    pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
+        let endpoint = endpoint.to_string();
+        let asked = endpoint.clone();
+        let node: NodeInfo = tokio::task::spawn_blocking(move || {
+            http_get(&asked, "/v1/node")?.into_json().map_err(|e| ClientError::Control {
+                endpoint: asked.clone(),
+                message: format!("bad node description: {e}"),
+            })
+        })
+        .await
+        .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
+        let addr: SocketAddr = node.data_addr.parse().map_err(|_| ClientError::BadAddress(node.data_addr.clone()))?;
+        let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
+        let transport = Arc::new(TcpClient::connect(addr, &name).await?);
+        tracing::debug!("connected to {} at {addr} over tcp", node.name);
+        Ok(Self { endpoint, node, transport })
+    }
+
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    /// The transport in use: `tcp` (RDMA is picked when a device and a node
+    /// endpoint for it exist).
+    pub fn transport(&self) -> &'static str {
+        "tcp"
+    }
+
+    pub async fn open(&self, name: &str) -> Result<Dataset, ClientError> {
+        self.open_with(name, OpenOptions::default()).await
+    }
+
+    pub async fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
+        let (handle, info) = self.transport.open(name, None).await?;
+        let chunk_crcs = if options.verify_chunks {
+            let endpoint = self.endpoint.clone();
+            let path = format!("/v1/datasets/{name}/chunks");
+            let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut http_get(&endpoint, &path)?.into_reader(), &mut bytes)
+                    .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })?;
+                Ok(bytes)
+            })
+            .await
+            .map_err(|e| ClientError::Control { endpoint: self.endpoint.clone(), message: e.to_string() })??;
+            Some(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        } else {
+            None
+        };
+        Ok(Dataset { transport: Arc::clone(&self.transport), handle, info, chunk_crcs })
+    }
+}
+
+/// An open dataset.
+pub struct Dataset {
+    transport: Arc<TcpClient>,
+    handle: u32,
+    info: OpenInfo,
+    chunk_crcs: Option<Arc<[u32]>>,
+}
+
+impl Dataset {
+    pub fn info(&self) -> &OpenInfo {
+        &self.info
+    }
+
+    pub fn len_bytes(&self) -> u64 {
+        self.info.length_bytes
+    }
+
+    /// Reads every range into `buf` at its `dest`, in as few round trips as
+    /// the node's limits allow (batches are split and pipelined). Returns a
+    /// status per range; a bad range fails alone.
+    ///
+    /// `buf` is moved into the transport while the read runs and put back
+    /// before this returns, so the bytes land in it without a copy. If the
+    /// future is dropped early, `buf` is left empty.
+    pub async fn read_batch(&self, ranges: &[ReadRange], buf: &mut Vec<u8>) -> Result<Vec<RangeStatus>, ClientError> {
+        for (index, r) in ranges.iter().enumerate() {
+            if r.dest.checked_add(u64::from(r.len)).is_none_or(|end| end > buf.len() as u64) {
+                return Err(ClientError::Destination { index, dest: r.dest, len: r.len, buf_len: buf.len() });
+            }
+        }
+        let limits = self.transport.limits();
+        // Pieces: (original range index, descriptor).
+        let mut batches: Vec<Vec<(usize, RangeDescriptor)>> = Vec::new();
+        let mut current = Vec::new();
+        let mut footprint = 0u64;
+        for (index, range) in ranges.iter().enumerate() {
+            let mut done = 0u32;
+            loop {
+                let len = (range.len - done).min(RANGE_PIECE_BYTES_MAX);
+                let need = footprint_bound_bytes(len);
+                if current.len() as u32 >= limits.ranges_per_batch_max
+                    || (!current.is_empty() && footprint + need > limits.batch_footprint_max_bytes)
+                {
+                    batches.push(std::mem::take(&mut current));
+                    footprint = 0;
+                }
+                current.push((
+                    index,
+                    RangeDescriptor {
+                        offset: U64::new(range.offset.saturating_add(u64::from(done))),
+                        len: U32::new(len),
+                        reserved: U32::new(0),
+                        dest: U64::new(range.dest + u64::from(done)),
+                    },
+                ));
+                footprint += need;
+                done += len;
+                if done >= range.len {
+                    break;
+                }
+            }
+        }
+        if !current.is_empty() {
+            batches.push(current);
+        }
+        let sink = Arc::new(tokio::sync::Mutex::new(std::mem::take(buf)));
+        let results = join_all(batches.iter().map(|batch| {
+            let descriptors: Vec<RangeDescriptor> = batch.iter().map(|(_, d)| *d).collect();
+            let sink = Arc::clone(&sink);
+            async move { self.transport.read_batch(self.handle, &descriptors, sink).await }
+        }))
+        .await;
+        *buf = match Arc::try_unwrap(sink) {
+            Ok(mutex) => mutex.into_inner(),
+            Err(shared) => shared.lock().await.clone(),
+        };
+        let mut statuses = vec![RangeStatus::Ok; ranges.len()];
+        for (batch, result) in batches.iter().zip(results) {
+            let piece_statuses = result?;
+            for ((index, _), status) in batch.iter().zip(piece_statuses) {
+                if statuses[*index] == RangeStatus::Ok {
+                    statuses[*index] = status;
+                }
+            }
+        }
+        if let Some(crcs) = &self.chunk_crcs {
+            verify_chunks(crcs, self.info.length_bytes, ranges, buf, &mut statuses);
+        }
+        Ok(statuses)
+    }
+
+    pub async fn close(self) -> Result<(), ClientError> {
+        Ok(self.transport.close(self.handle).await?)
+    }
+}
+
+/// Marks ranges whose whole chunks do not match the manifest.
+fn verify_chunks(crcs: &[u32], length_bytes: u64, ranges: &[ReadRange], buf: &[u8], statuses: &mut [RangeStatus]) {
+    for (index, range) in ranges.iter().enumerate() {
+        if statuses[index] != RangeStatus::Ok {
+            continue;
+        }
+        let end = range.offset + u64::from(range.len);
+        let mut chunk = range.offset.div_ceil(CHUNK_SIZE_BYTES);
+        loop {
+            let start = chunk * CHUNK_SIZE_BYTES;
+            let chunk_end = (start + CHUNK_SIZE_BYTES).min(length_bytes);
+            if start >= chunk_end || chunk_end > end {
+                break;
+            }
+            let at = (range.dest + start - range.offset) as usize;
+            let bytes = &buf[at..at + (chunk_end - start) as usize];
+            if crcs.get(chunk as usize) != Some(&crc32c::crc32c(bytes)) {
+                statuses[index] = RangeStatus::ChecksumMismatch;
+                break;
+            }
+            chunk += 1;
+        }
+    }
+}

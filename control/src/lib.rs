@@ -1,1 +1,14 @@
-//! placeholder
+//! The control plane of a node: the catalog of datasets and their
+//! namespaces, ingest and sealing, the HTTP/JSON API `sluicectl` speaks, and
+//! the resolver the data-plane transports open datasets through.
+
+pub mod api;
+pub mod catalog;
+pub mod ingest;
+pub mod kind;
+pub mod npy;
+mod node;
+
+pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
+pub use kind::DatasetKind;
+pub use node::{ControlError, ControlPlane, IngestSession, NodeInfo, Resolver};

@@ -65,9 +65,14 @@ impl Default for DataPlaneConfig {
     }
 }
 
-/// Handle of a dataset attached to the data plane.
+/// Handle of a dataset attached to the data plane. The generation tells a
+/// reused slot from the dataset that held it before, so a stale handle can
+/// never read another dataset's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DatasetSlot(pub u32);
+pub struct DatasetSlot {
+    pub index: u32,
+    pub generation: u32,
+}
 
 /// Why a whole batch failed (ranges failing alone are in the statuses).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -138,7 +143,7 @@ impl BatchResult {
 
 enum CoreMsg {
     Batch(ReadBatch),
-    Attach(u32, Arc<DatasetView>),
+    Attach(DatasetSlot, Arc<DatasetView>),
     Detach(u32, oneshot::Sender<()>),
     /// Slots came back while the core was parked.
     Wake,
@@ -155,6 +160,7 @@ pub struct DataPlane {
     cores: Mutex<Vec<CoreHandle>>,
     senders: Vec<mpsc::Sender<CoreMsg>>,
     next_core: AtomicUsize,
+    next_generation: std::sync::atomic::AtomicU32,
     slots_in_use: Mutex<Vec<bool>>,
     config: DataPlaneConfig,
     driver_description: String,
@@ -257,6 +263,7 @@ impl DataPlane {
             cores: Mutex::new(cores),
             senders,
             next_core: AtomicUsize::new(0),
+            next_generation: std::sync::atomic::AtomicU32::new(1),
             slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
             config,
             driver_description: description,
@@ -281,12 +288,12 @@ impl DataPlane {
                 capacity: DATASET_SLOTS_MAX,
             })?;
             in_use[free] = true;
-            free as u32
+            DatasetSlot { index: free as u32, generation: self.next_generation.fetch_add(1, Ordering::Relaxed) }
         };
         for tx in &self.senders {
             tx.send(CoreMsg::Attach(slot, Arc::clone(&view))).await.map_err(|_| SubmitError::Shutdown)?;
         }
-        Ok(DatasetSlot(slot))
+        Ok(slot)
     }
 
     /// Stops serving `slot`; returns once no core reads it any more.
@@ -294,7 +301,7 @@ impl DataPlane {
         let mut acks = Vec::with_capacity(self.senders.len());
         for tx in &self.senders {
             let (ack_tx, ack_rx) = oneshot::channel();
-            if tx.send(CoreMsg::Detach(slot.0, ack_tx)).await.is_ok() {
+            if tx.send(CoreMsg::Detach(slot.index, ack_tx)).await.is_ok() {
                 acks.push(ack_rx);
             }
         }
@@ -302,7 +309,7 @@ impl DataPlane {
             let _ = ack.await;
         }
         if let Ok(mut in_use) = self.slots_in_use.lock() {
-            in_use[slot.0 as usize] = false;
+            in_use[slot.index as usize] = false;
         }
     }
 
@@ -363,7 +370,7 @@ struct CoreEngine {
     pool: SlotPool,
     inbox: mpsc::Receiver<CoreMsg>,
     parked: Arc<AtomicBool>,
-    datasets: Vec<Option<Arc<DatasetView>>>,
+    datasets: Vec<Option<(u32, Arc<DatasetView>)>>,
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
     detaching: Vec<(u32, oneshot::Sender<()>)>,
@@ -478,8 +485,8 @@ impl CoreEngine {
             }
             CoreMsg::Batch(batch) => self.waiting.push_back(batch),
             CoreMsg::Attach(slot, view) => {
-                self.queue.register_namespace(slot, &view.namespace.target());
-                self.datasets[slot as usize] = Some(view);
+                self.queue.register_namespace(slot.index, &view.namespace.target());
+                self.datasets[slot.index as usize] = Some((slot.generation, view));
             }
             CoreMsg::Detach(slot, ack) => {
                 self.datasets[slot as usize] = None;
@@ -507,7 +514,8 @@ impl CoreEngine {
     /// Plans waiting batches and starts those whose slots are free, in order.
     fn admit_waiting(&mut self) {
         while let Some(batch) = self.waiting.front() {
-            let Some(view) = self.datasets.get(batch.dataset.0 as usize).cloned().flatten() else {
+            let attached = self.datasets.get(batch.dataset.index as usize).cloned().flatten();
+            let Some(view) = attached.filter(|(g, _)| *g == batch.dataset.generation).map(|(_, v)| v) else {
                 if let Some(batch) = self.waiting.pop_front() {
                     let _ = batch.reply.send(Err(SubmitError::UnknownDataset));
                 }
@@ -532,10 +540,10 @@ impl CoreEngine {
             let Some(lease) = self.pool.take(plan.slots_needed as usize) else { return };
             let Some(batch) = self.waiting.pop_front() else { return };
             self.active_free.pop();
-            self.slot_batches[batch.dataset.0 as usize] += 1;
+            self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
             self.active[active_index] = Some(ActiveBatch {
-                slot: batch.dataset.0,
+                slot: batch.dataset.index,
                 view,
                 plan,
                 lease,

@@ -290,3 +290,9 @@ mod tests {
         }
     }
 }
+
+/// The little-endian field types descriptors are made of, for builders
+/// outside this crate.
+pub mod le {
+    pub use zerocopy::little_endian::{U16, U32, U64};
+}

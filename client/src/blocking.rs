@@ -1,0 +1,62 @@
+//! Blocking forms of [`Client`](crate::Client) and [`Dataset`](crate::Dataset)
+//! for code without an async runtime (data-loader workers, scripts). Each
+//! client runs a one-thread runtime of its own.
+
+use std::sync::Arc;
+
+use crate::{ClientError, NodeInfo, OpenOptions, RangeStatus, ReadRange};
+
+pub struct Client {
+    runtime: Arc<tokio::runtime::Runtime>,
+    inner: crate::Client,
+}
+
+impl Client {
+    pub fn connect(endpoint: &str) -> Result<Self, ClientError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sluice-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Control { endpoint: endpoint.to_string(), message: format!("runtime: {e}") })?;
+        let inner = runtime.block_on(crate::Client::connect(endpoint))?;
+        Ok(Self { runtime: Arc::new(runtime), inner })
+    }
+
+    pub fn node(&self) -> &NodeInfo {
+        self.inner.node()
+    }
+
+    pub fn transport(&self) -> &'static str {
+        self.inner.transport()
+    }
+
+    pub fn open(&self, name: &str) -> Result<Dataset, ClientError> {
+        self.open_with(name, OpenOptions::default())
+    }
+
+    pub fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
+        let inner = self.runtime.block_on(self.inner.open_with(name, options))?;
+        Ok(Dataset { runtime: Arc::clone(&self.runtime), inner })
+    }
+}
+
+pub struct Dataset {
+    runtime: Arc<tokio::runtime::Runtime>,
+    inner: crate::Dataset,
+}
+
+impl Dataset {
+    pub fn info(&self) -> &sluice_rdma::OpenInfo {
+        self.inner.info()
+    }
+
+    pub fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+
+    /// See [`crate::Dataset::read_batch`].
+    pub fn read_batch(&self, ranges: &[ReadRange], buf: &mut Vec<u8>) -> Result<Vec<RangeStatus>, ClientError> {
+        self.runtime.block_on(self.inner.read_batch(ranges, buf))
+    }
+}

@@ -1,0 +1,138 @@
+//! The HTTP/JSON control API. `sluicectl` speaks only this. Errors are
+//! `{"error": {"code": "...", "message": "..."}}` with a stable code.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::CatalogError;
+use crate::ingest::{Appended, IngestFormat};
+use crate::kind::DatasetKind;
+use crate::node::{ControlError, ControlPlane};
+
+pub type Shared = Arc<ControlPlane>;
+
+pub fn router(control: Shared) -> Router {
+    Router::new()
+        .route("/v1/node", get(node))
+        .route("/v1/datasets", get(list).post(create))
+        .route("/v1/datasets/{name}", get(stat).delete(remove))
+        .route("/v1/datasets/{name}/ingest", post(ingest).layer(DefaultBodyLimit::disable()))
+        .route("/v1/datasets/{name}/seal", post(seal))
+        .route("/v1/datasets/{name}/chunks", get(chunks))
+        .with_state(control)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ApiErrorBody {
+    pub error: ApiErrorDetail,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ApiErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+pub struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+}
+
+impl From<ControlError> for ApiError {
+    fn from(err: ControlError) -> Self {
+        let status = match &err {
+            ControlError::Catalog(CatalogError::Unknown(_)) => StatusCode::NOT_FOUND,
+            ControlError::Catalog(CatalogError::Exists(_)) | ControlError::Busy(_) => StatusCode::CONFLICT,
+            ControlError::State { .. } | ControlError::Empty(_) => StatusCode::CONFLICT,
+            ControlError::Catalog(CatalogError::BadName(_)) | ControlError::Ingest(_) => StatusCode::BAD_REQUEST,
+            ControlError::Catalog(CatalogError::Full) => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self { status, code: err.code().to_string(), message: err.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ApiErrorBody { error: ApiErrorDetail { code: self.code, message: self.message } };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request".into(), message: message.into() }
+}
+
+async fn node(State(control): State<Shared>) -> impl IntoResponse {
+    Json(control.info())
+}
+
+async fn list(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.list()?))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CreateRequest {
+    pub name: String,
+    pub kind: String,
+}
+
+async fn create(State(control): State<Shared>, Json(request): Json<CreateRequest>) -> Result<impl IntoResponse, ApiError> {
+    let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
+    Ok((StatusCode::CREATED, Json(control.create(&request.name, kind)?)))
+}
+
+async fn stat(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.get(&name)?))
+}
+
+async fn remove(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    control.delete(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct IngestQuery {
+    format: Option<IngestFormat>,
+}
+
+/// Appends the request body (one file) to the dataset. Committed only when
+/// the whole body arrived and checked out; a cut-off upload changes nothing.
+async fn ingest(
+    State(control): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<IngestQuery>,
+    body: Body,
+) -> Result<Json<Appended>, ApiError> {
+    let mut session = control.begin_ingest(&name, query.format.unwrap_or(IngestFormat::Raw))?;
+    let mut stream = body.into_data_stream();
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(|e| bad_request(format!("upload cut off: {e}")))?;
+        session.push(&piece)?;
+    }
+    Ok(Json(session.finish()?))
+}
+
+async fn seal(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    let sealing = Arc::clone(&control);
+    let record = tokio::task::spawn_blocking(move || sealing.seal(&name))
+        .await
+        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, code: "internal".into(), message: e.to_string() })??;
+    Ok(Json(record))
+}
+
+/// The manifest's chunk checksums as little-endian u32s.
+async fn chunks(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    let crcs = control.chunk_crcs(&name)?;
+    let bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
+}

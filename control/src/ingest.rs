@@ -1,0 +1,275 @@
+//! Appending one file's bytes to a dataset: raw (e.g. Megatron `.bin`) or
+//! `.npy` (header checked against the kind, then the array data), with the
+//! chunk checksums kept up to date as bytes arrive. Nothing is committed
+//! here; the caller commits the outcome only when the whole file arrived.
+
+use std::sync::Arc;
+
+use sluice_dataplane::{Namespace, CHUNK_SIZE_BYTES};
+
+use crate::kind::DatasetKind;
+use crate::npy::{self, NpyError};
+
+/// How a file's bytes are to be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IngestFormat {
+    Raw,
+    Npy,
+}
+
+/// Writes are gathered into pieces this large.
+const WRITE_BYTES: usize = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("{0}")]
+    Npy(#[from] NpyError),
+    #[error(".npy dtype {found} does not match dataset kind {kind} (expected {expected})")]
+    Dtype { found: String, kind: DatasetKind, expected: String },
+    #[error("truncated .npy: its header promises {expected} data bytes, the file has {got}")]
+    TruncatedNpy { expected: u64, got: u64 },
+    #[error(".npy file has bytes after its array data ({expected} bytes)")]
+    TrailingBytes { expected: u64 },
+    #[error("{len} bytes is not a whole number of {kind} elements ({elem} bytes each)")]
+    PartialElement { len: u64, kind: DatasetKind, elem: u64 },
+    #[error("writing to the namespace: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What one file added.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Appended {
+    /// Data bytes of the file (the array data of a `.npy`).
+    pub data_bytes: u64,
+    /// CRC32C of those bytes, for the sender to compare with its own.
+    pub data_crc32c: u32,
+    /// The dataset's length once this is committed.
+    pub length_bytes: u64,
+}
+
+pub struct Appender {
+    namespace: Arc<dyn Namespace>,
+    kind: DatasetKind,
+    format: IngestFormat,
+    base_offset_bytes: u64,
+    start_length_bytes: u64,
+    written_bytes: u64,
+    chunk_crcs: Vec<u32>,
+    data_crc: u32,
+    header: Vec<u8>,
+    expected_bytes: Option<u64>,
+    pending: Vec<u8>,
+}
+
+impl Appender {
+    /// Appends after `length_bytes` committed bytes whose chunk checksums
+    /// are `chunk_crcs`.
+    pub fn new(
+        namespace: Arc<dyn Namespace>,
+        kind: DatasetKind,
+        format: IngestFormat,
+        base_offset_bytes: u64,
+        length_bytes: u64,
+        chunk_crcs: Vec<u32>,
+    ) -> Self {
+        assert_eq!(chunk_crcs.len() as u64, length_bytes.div_ceil(CHUNK_SIZE_BYTES), "manifest out of step");
+        Self {
+            namespace,
+            kind,
+            format,
+            base_offset_bytes,
+            start_length_bytes: length_bytes,
+            written_bytes: 0,
+            chunk_crcs,
+            data_crc: 0,
+            header: Vec::new(),
+            expected_bytes: None,
+            pending: Vec::with_capacity(WRITE_BYTES),
+        }
+    }
+
+    /// Takes the next bytes of the file.
+    pub fn push(&mut self, mut bytes: &[u8]) -> Result<(), IngestError> {
+        if self.format == IngestFormat::Npy && self.expected_bytes.is_none() {
+            bytes = self.take_header(bytes)?;
+            if self.expected_bytes.is_none() {
+                return Ok(());
+            }
+        }
+        if let Some(expected) = self.expected_bytes {
+            if self.written_bytes + self.pending.len() as u64 + bytes.len() as u64 > expected {
+                return Err(IngestError::TrailingBytes { expected });
+            }
+        }
+        while !bytes.is_empty() {
+            let take = bytes.len().min(WRITE_BYTES - self.pending.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() == WRITE_BYTES {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn take_header<'a>(&mut self, bytes: &'a [u8]) -> Result<&'a [u8], IngestError> {
+        let room = npy::HEADER_BYTES_MAX - self.header.len();
+        let take = bytes.len().min(room);
+        self.header.extend_from_slice(&bytes[..take]);
+        match npy::parse_header(&self.header) {
+            Ok(header) => {
+                if let Some(accepted) = self.kind.npy_dtypes() {
+                    if !accepted.contains(&header.descr.as_str()) {
+                        return Err(IngestError::Dtype {
+                            found: header.descr,
+                            kind: self.kind,
+                            expected: accepted.join(" or "),
+                        });
+                    }
+                }
+                let expected = header.data_len_bytes().ok_or(NpyError::Malformed("shape overflows".into()))?;
+                self.expected_bytes = Some(expected);
+                // Bytes past the header that were buffered are data.
+                let data = self.header.split_off(header.data_offset_bytes);
+                let rest = &bytes[take..];
+                self.header.clear();
+                self.push(&data)?;
+                Ok(rest)
+            }
+            Err(NpyError::Truncated) if take == bytes.len() && room > take => Ok(&[]),
+            Err(NpyError::Truncated) => Err(NpyError::TooLong(self.header.len()).into()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), IngestError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let dataset_offset = self.start_length_bytes + self.written_bytes;
+        self.namespace.write_at(self.base_offset_bytes + dataset_offset, &self.pending)?;
+        self.data_crc = crc32c::crc32c_append(self.data_crc, &self.pending);
+        update_chunk_crcs(&mut self.chunk_crcs, dataset_offset, &self.pending);
+        self.written_bytes += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Ends the file: checks it is whole and makes its bytes durable.
+    pub fn finish(mut self) -> Result<(Appended, Vec<u32>), IngestError> {
+        if self.format == IngestFormat::Npy && self.expected_bytes.is_none() {
+            return Err(match npy::parse_header(&self.header) {
+                Err(err) => err.into(),
+                Ok(_) => NpyError::Truncated.into(),
+            });
+        }
+        self.flush()?;
+        if let Some(expected) = self.expected_bytes {
+            if self.written_bytes != expected {
+                return Err(IngestError::TruncatedNpy { expected, got: self.written_bytes });
+            }
+        }
+        let elem = self.kind.element_size_bytes();
+        if self.written_bytes % elem != 0 {
+            return Err(IngestError::PartialElement { len: self.written_bytes, kind: self.kind, elem });
+        }
+        self.namespace.sync()?;
+        let appended = Appended {
+            data_bytes: self.written_bytes,
+            data_crc32c: self.data_crc,
+            length_bytes: self.start_length_bytes + self.written_bytes,
+        };
+        Ok((appended, self.chunk_crcs))
+    }
+}
+
+/// Extends the per-chunk CRC32Cs with `data` written at `offset_bytes`, right
+/// after the bytes they already cover.
+pub fn update_chunk_crcs(crcs: &mut Vec<u32>, mut offset_bytes: u64, mut data: &[u8]) {
+    while !data.is_empty() {
+        let chunk = (offset_bytes / CHUNK_SIZE_BYTES) as usize;
+        let room = (CHUNK_SIZE_BYTES - offset_bytes % CHUNK_SIZE_BYTES) as usize;
+        let (part, rest) = data.split_at(room.min(data.len()));
+        if chunk == crcs.len() {
+            crcs.push(crc32c::crc32c(part));
+        } else {
+            assert_eq!(chunk + 1, crcs.len(), "appending out of order");
+            crcs[chunk] = crc32c::crc32c_append(crcs[chunk], part);
+        }
+        offset_bytes += part.len() as u64;
+        data = rest;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_dataplane::driver::MemDriver;
+    use sluice_dataplane::{BlockDriver, NamespaceSpec};
+
+    fn namespace() -> Arc<dyn Namespace> {
+        MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace")
+    }
+
+    fn ingest(ns: &Arc<dyn Namespace>, kind: DatasetKind, format: IngestFormat, file: &[u8], piece: usize) -> Result<(Appended, Vec<u32>), IngestError> {
+        let mut appender = Appender::new(Arc::clone(ns), kind, format, 0, 0, Vec::new());
+        for part in file.chunks(piece) {
+            appender.push(part)?;
+        }
+        appender.finish()
+    }
+
+    /// Chunk CRCs kept while appending in odd pieces equal those of the
+    /// whole data.
+    #[test]
+    fn running_crcs_match_whole_data() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let mut crcs = Vec::new();
+        let mut at = 0;
+        for piece in data.chunks(10_007) {
+            update_chunk_crcs(&mut crcs, at, piece);
+            at += piece.len() as u64;
+        }
+        let whole: Vec<u32> = data.chunks(CHUNK_SIZE_BYTES as usize).map(crc32c::crc32c).collect();
+        assert_eq!(crcs, whole);
+    }
+
+    /// An .npy of the right dtype lands as its array data only, whatever the
+    /// pieces it arrives in.
+    #[test]
+    fn npy_is_stored_as_its_data() {
+        let tokens: Vec<u8> = (0..5000u16).flat_map(|t| t.to_le_bytes()).collect();
+        let mut file = npy::encode_header("<u2", 5000);
+        file.extend_from_slice(&tokens);
+        for piece in [1, 7, 100, 1 << 20] {
+            let ns = namespace();
+            let (appended, _) = ingest(&ns, DatasetKind::TokensU16, IngestFormat::Npy, &file, piece).expect("ingest");
+            assert_eq!(appended.data_bytes, 10_000);
+            assert_eq!(appended.data_crc32c, crc32c::crc32c(&tokens));
+            let mut back = vec![0u8; 10_000];
+            ns.read_at(0, &mut back).expect("read");
+            assert_eq!(back, tokens);
+        }
+    }
+
+    /// Truncated, mistyped and overlong .npy files and partial tokens are
+    /// refused with an error that says which.
+    #[test]
+    fn bad_files_are_refused() {
+        let mut file = npy::encode_header("<u2", 100);
+        file.extend_from_slice(&[0u8; 150]);
+        let ns = namespace();
+        let err = ingest(&ns, DatasetKind::TokensU16, IngestFormat::Npy, &file, 64).expect_err("truncated");
+        assert!(matches!(err, IngestError::TruncatedNpy { expected: 200, got: 150 }), "{err}");
+        let err = ingest(&ns, DatasetKind::TokensU32, IngestFormat::Npy, &file, 64).expect_err("dtype");
+        assert!(err.to_string().contains("<u2"), "{err}");
+        file.extend_from_slice(&[0u8; 51]);
+        let err = ingest(&ns, DatasetKind::TokensU16, IngestFormat::Npy, &file, 64).expect_err("trailing");
+        assert!(matches!(err, IngestError::TrailingBytes { .. }), "{err}");
+        let err = ingest(&ns, DatasetKind::TokensU16, IngestFormat::Npy, &file[..30], 64).expect_err("header cut");
+        assert!(matches!(err, IngestError::Npy(NpyError::Truncated)), "{err}");
+        let err = ingest(&ns, DatasetKind::TokensU32, IngestFormat::Raw, &[0u8; 10], 64).expect_err("partial");
+        assert!(matches!(err, IngestError::PartialElement { .. }), "{err}");
+    }
+}

@@ -1,0 +1,404 @@
+//! The control plane of one node: owns the catalog, allocates a namespace
+//! per dataset, runs ingest and seal, and attaches sealed datasets to the
+//! data plane when a client opens them.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sluice_dataplane::driver::DriverKind;
+use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec, CHUNK_SIZE_BYTES};
+use sluice_rdma::tcp::{DatasetResolver, OpenError};
+use sluice_rdma::{ErrorCode, OpenInfo};
+
+use crate::catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::ingest::{Appended, Appender, IngestError, IngestFormat};
+use crate::kind::DatasetKind;
+
+/// Bytes read per step when sealing.
+const SEAL_READ_BYTES: usize = 4 << 20;
+
+/// What `GET /v1/node` reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub version: String,
+    /// `host:port` of the data plane (TCP transport).
+    pub data_addr: String,
+    pub control_addr: String,
+    pub driver: String,
+    pub data_dir: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("{0}")]
+    Ingest(#[from] IngestError),
+    #[error("dataset {name:?} is {state:?}; {action} needs it {needed}")]
+    State { name: String, state: DatasetState, action: &'static str, needed: &'static str },
+    #[error("dataset {0:?} is busy with another ingest, seal or delete")]
+    Busy(String),
+    #[error("namespace of {name:?}: {message}")]
+    Namespace { name: String, message: String },
+    #[error("seal of {name:?} found chunk {chunk} changed since ingest")]
+    Corrupt { name: String, chunk: u64 },
+    #[error("dataset {0:?} is empty; ingest something before sealing")]
+    Empty(String),
+    #[error("the data plane refused: {0}")]
+    DataPlane(String),
+}
+
+impl ControlError {
+    /// Stable code for API clients.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Catalog(CatalogError::Unknown(_)) => "unknown_dataset",
+            Self::Catalog(CatalogError::Exists(_)) => "dataset_exists",
+            Self::Catalog(CatalogError::BadName(_)) => "bad_name",
+            Self::Catalog(CatalogError::Full) => "catalog_full",
+            Self::Catalog(_) => "catalog",
+            Self::Ingest(_) => "bad_input",
+            Self::State { .. } => "wrong_state",
+            Self::Busy(_) => "busy",
+            Self::Namespace { .. } => "namespace",
+            Self::Corrupt { .. } => "corrupt",
+            Self::Empty(_) => "empty",
+            Self::DataPlane(_) => "data_plane",
+        }
+    }
+}
+
+struct Attached {
+    slot: DatasetSlot,
+    info: OpenInfo,
+}
+
+pub struct ControlPlane {
+    catalog: Catalog,
+    namespace_dir: PathBuf,
+    driver: Arc<dyn BlockDriver>,
+    plane: Arc<DataPlane>,
+    namespaces: Mutex<HashMap<u64, Arc<dyn Namespace>>>,
+    attached: tokio::sync::Mutex<HashMap<String, Attached>>,
+    busy: Mutex<HashSet<String>>,
+    info: RwLock<NodeInfo>,
+}
+
+/// Marks a dataset busy for the life of one ingest, seal or delete.
+pub struct BusyGuard<'a> {
+    plane: &'a ControlPlane,
+    name: String,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut busy) = self.plane.busy.lock() {
+            busy.remove(&self.name);
+        }
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl ControlPlane {
+    /// Opens the catalog under `data_dir` and finishes what a crash left
+    /// half done: interrupted deletes complete, orphaned namespace files go,
+    /// ingests roll back to their last committed file.
+    pub fn open(data_dir: &Path, driver: Arc<dyn BlockDriver>, plane: Arc<DataPlane>) -> Result<Self, ControlError> {
+        let namespace_dir = data_dir.join("namespaces");
+        std::fs::create_dir_all(&namespace_dir).map_err(|e| ControlError::Namespace {
+            name: namespace_dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let catalog = Catalog::open(&data_dir.join("catalog.redb"))?;
+        let control = Self {
+            catalog,
+            namespace_dir,
+            driver,
+            plane,
+            namespaces: Mutex::new(HashMap::new()),
+            attached: tokio::sync::Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashSet::new()),
+            info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
+        };
+        control.recover()?;
+        Ok(control)
+    }
+
+    fn recover(&self) -> Result<(), ControlError> {
+        let records = self.catalog.list()?;
+        let mut known = HashSet::new();
+        for record in &records {
+            match record.state {
+                DatasetState::Deleting => {
+                    tracing::info!("finishing the interrupted delete of {}", record.name);
+                    self.remove_namespace(record);
+                    self.catalog.remove(record)?;
+                    continue;
+                }
+                DatasetState::Ingesting | DatasetState::Creating if record.namespace.kind == "file" => {
+                    // Bytes past the committed length belong to an ingest
+                    // that never finished.
+                    let ns = self.namespace(record)?;
+                    ns.truncate(record.namespace.base_offset_bytes + record.length_bytes)
+                        .map_err(|e| self.ns_error(record, e))?;
+                }
+                _ => {}
+            }
+            known.insert(PathBuf::from(&record.namespace.path));
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.namespace_dir) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if !known.contains(&path) {
+                    tracing::info!("removing orphaned namespace file {}", path.display());
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn set_info(&self, update: impl FnOnce(&mut NodeInfo)) {
+        if let Ok(mut info) = self.info.write() {
+            update(&mut info);
+        }
+    }
+
+    pub fn info(&self) -> NodeInfo {
+        self.info.read().map(|i| i.clone()).unwrap_or_default()
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn ns_error(&self, record: &DatasetRecord, err: impl std::fmt::Display) -> ControlError {
+        ControlError::Namespace { name: record.name.clone(), message: err.to_string() }
+    }
+
+    fn busy(&self, name: &str) -> Result<BusyGuard<'_>, ControlError> {
+        let mut busy = self.busy.lock().map_err(|_| ControlError::Busy(name.to_string()))?;
+        if !busy.insert(name.to_string()) {
+            return Err(ControlError::Busy(name.to_string()));
+        }
+        Ok(BusyGuard { plane: self, name: name.to_string() })
+    }
+
+    /// Chooses where a new dataset lives. With the uring driver: a file per
+    /// dataset in the node's namespace directory.
+    fn allocate_namespace(&self, id: u64) -> NamespaceRecord {
+        match self.driver.kind() {
+            DriverKind::Mem => NamespaceRecord {
+                kind: "mem".into(),
+                path: format!("mem:{id}"),
+                base_offset_bytes: 0,
+                reason: "memory driver: a namespace in RAM, gone at restart".into(),
+            },
+            DriverKind::Uring => NamespaceRecord {
+                kind: "file".into(),
+                path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
+                base_offset_bytes: 0,
+                reason: "no NVMe controller configured: a file per dataset under the data directory".into(),
+            },
+        }
+    }
+
+    fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
+        let mut namespaces = self.namespaces.lock().map_err(|_| self.ns_error(record, "lock poisoned"))?;
+        if let Some(ns) = namespaces.get(&record.id) {
+            return Ok(Arc::clone(ns));
+        }
+        let spec = match record.namespace.kind.as_str() {
+            "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
+            "mem" => NamespaceSpec::Mem,
+            other => return Err(self.ns_error(record, format!("unknown namespace kind {other}"))),
+        };
+        let ns = self.driver.open_namespace(&spec).map_err(|e| self.ns_error(record, e))?;
+        namespaces.insert(record.id, Arc::clone(&ns));
+        Ok(ns)
+    }
+
+    fn remove_namespace(&self, record: &DatasetRecord) {
+        if let Ok(mut namespaces) = self.namespaces.lock() {
+            namespaces.remove(&record.id);
+        }
+        if record.namespace.kind == "file" {
+            if let Err(err) = std::fs::remove_file(&record.namespace.path) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("removing {}: {err}", record.namespace.path);
+                }
+            }
+        }
+    }
+
+    pub fn create(&self, name: &str, kind: DatasetKind) -> Result<DatasetRecord, ControlError> {
+        let record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id))?;
+        self.namespace(&record)?;
+        Ok(record)
+    }
+
+    pub fn get(&self, name: &str) -> Result<DatasetRecord, ControlError> {
+        Ok(self.catalog.require(name)?)
+    }
+
+    pub fn list(&self) -> Result<Vec<DatasetRecord>, ControlError> {
+        Ok(self.catalog.list()?)
+    }
+
+    pub fn chunk_crcs(&self, name: &str) -> Result<Vec<u32>, ControlError> {
+        let record = self.catalog.require(name)?;
+        Ok(self.catalog.chunk_crcs(record.id)?)
+    }
+
+    /// Starts appending one file to `name`.
+    pub fn begin_ingest(&self, name: &str, format: IngestFormat) -> Result<IngestSession<'_>, ControlError> {
+        let guard = self.busy(name)?;
+        let record = self.catalog.require(name)?;
+        if !matches!(record.state, DatasetState::Creating | DatasetState::Ingesting) {
+            return Err(ControlError::State {
+                name: name.into(),
+                state: record.state,
+                action: "ingest",
+                needed: "creating or ingesting",
+            });
+        }
+        let crcs = self.catalog.chunk_crcs(record.id)?;
+        let ns = self.namespace(&record)?;
+        let appender =
+            Appender::new(ns, record.kind, format, record.namespace.base_offset_bytes, record.length_bytes, crcs);
+        Ok(IngestSession { control: self, _guard: guard, record, appender })
+    }
+
+    /// Verifies every chunk against the checksums taken at ingest, hashes the
+    /// content and makes the dataset immutable. Blocking: reads it all.
+    pub fn seal(&self, name: &str) -> Result<DatasetRecord, ControlError> {
+        let _guard = self.busy(name)?;
+        let mut record = self.catalog.require(name)?;
+        match record.state {
+            DatasetState::Sealed => return Ok(record),
+            DatasetState::Ingesting => {}
+            DatasetState::Creating => return Err(ControlError::Empty(name.into())),
+            state => {
+                return Err(ControlError::State { name: name.into(), state, action: "seal", needed: "ingesting" })
+            }
+        }
+        let crcs = self.catalog.chunk_crcs(record.id)?;
+        let ns = self.namespace(&record)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; SEAL_READ_BYTES];
+        let mut at = 0u64;
+        while at < record.length_bytes {
+            let len = (record.length_bytes - at).min(SEAL_READ_BYTES as u64) as usize;
+            let piece = &mut buf[..len];
+            ns.read_at(record.namespace.base_offset_bytes + at, piece).map_err(|e| self.ns_error(&record, e))?;
+            for (i, chunk) in piece.chunks(CHUNK_SIZE_BYTES as usize).enumerate() {
+                let index = at / CHUNK_SIZE_BYTES + i as u64;
+                if crcs.get(index as usize) != Some(&crc32c::crc32c(chunk)) {
+                    return Err(ControlError::Corrupt { name: name.into(), chunk: index });
+                }
+            }
+            hasher.update(piece);
+            at += len as u64;
+        }
+        ns.truncate(record.namespace.base_offset_bytes + record.length_bytes)
+            .and_then(|()| ns.sync())
+            .map_err(|e| self.ns_error(&record, e))?;
+        record.state = DatasetState::Sealed;
+        record.content_hash = Some(format!("blake3:{}", hasher.finalize().to_hex()));
+        record.sealed_unix_ms = Some(now_unix_ms());
+        self.catalog.update(&record, None)?;
+        Ok(record)
+    }
+
+    /// Removes a dataset: new opens fail at once, open handles fail their
+    /// next batch, and its namespace is released.
+    pub async fn delete(&self, name: &str) -> Result<(), ControlError> {
+        let _guard = self.busy(name)?;
+        let mut record = self.catalog.require(name)?;
+        record.state = DatasetState::Deleting;
+        self.catalog.update(&record, None)?;
+        let attached = self.attached.lock().await.remove(name);
+        if let Some(attached) = attached {
+            self.plane.detach(attached.slot).await;
+        }
+        self.remove_namespace(&record);
+        self.catalog.remove(&record)?;
+        Ok(())
+    }
+
+    /// Attaches a sealed dataset to the data plane (once) for reading.
+    pub async fn open_for_read(&self, name: &str) -> Result<(DatasetSlot, OpenInfo), ControlError> {
+        let mut attached = self.attached.lock().await;
+        if let Some(entry) = attached.get(name) {
+            return Ok((entry.slot, entry.info.clone()));
+        }
+        let record = self.catalog.require(name)?;
+        if record.state != DatasetState::Sealed {
+            return Err(ControlError::State { name: name.into(), state: record.state, action: "reading", needed: "sealed" });
+        }
+        let view = DatasetView {
+            namespace: self.namespace(&record)?,
+            base_offset_bytes: record.namespace.base_offset_bytes,
+            length_bytes: record.length_bytes,
+            chunk_crcs: self.catalog.chunk_crcs(record.id)?.into(),
+        };
+        let slot = self.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+        let info = OpenInfo {
+            kind: record.kind.to_string(),
+            length_bytes: record.length_bytes,
+            content_hash: record.content_hash.clone().unwrap_or_default(),
+            chunk_size_bytes: record.chunk_size_bytes,
+        };
+        attached.insert(name.to_string(), Attached { slot, info: info.clone() });
+        Ok((slot, info))
+    }
+}
+
+/// One file being appended; commits only through [`IngestSession::finish`].
+pub struct IngestSession<'a> {
+    control: &'a ControlPlane,
+    _guard: BusyGuard<'a>,
+    record: DatasetRecord,
+    appender: Appender,
+}
+
+impl IngestSession<'_> {
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), ControlError> {
+        Ok(self.appender.push(bytes)?)
+    }
+
+    /// Checks the file arrived whole, makes it durable, then commits the new
+    /// length and checksums in one catalog transaction.
+    pub fn finish(self) -> Result<Appended, ControlError> {
+        let (appended, crcs) = self.appender.finish()?;
+        let mut record = self.record;
+        record.length_bytes = appended.length_bytes;
+        record.files_ingested += 1;
+        record.state = DatasetState::Ingesting;
+        self.control.catalog.update(&record, Some(&crcs))?;
+        Ok(appended)
+    }
+}
+
+/// The data-plane transports open datasets through the control plane.
+pub struct Resolver(pub Arc<ControlPlane>);
+
+impl DatasetResolver for Resolver {
+    async fn open(&self, name: String, _token: Option<String>) -> Result<(DatasetSlot, OpenInfo), OpenError> {
+        self.0.open_for_read(&name).await.map_err(|err| {
+            let code = match &err {
+                ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,
+                ControlError::State { .. } => ErrorCode::NotSealed,
+                _ => ErrorCode::Internal,
+            };
+            OpenError { code, message: err.to_string() }
+        })
+    }
+}

@@ -1,0 +1,313 @@
+//! Client side of the TCP transport: one task reads responses and places each
+//! range's bytes straight into the destination buffer its batch named.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sluice_dataplane::RangeStatus;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Semaphore};
+use zerocopy::FromBytes;
+
+use super::control_frame;
+use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
+
+/// The buffer a batch's bytes land in. Shared by the sub-batches of one
+/// caller batch; only the connection's reader task writes it.
+pub type ReadSink = Arc<tokio::sync::Mutex<Vec<u8>>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Frame(#[from] wire::FrameError),
+    #[error("{0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("node refused: {message} ({code:?})")]
+    Refused { code: ErrorCode, message: String },
+    #[error("batch failed on the node: {0:?}")]
+    Batch(BatchStatus),
+    #[error("connection lost: {0}")]
+    Lost(String),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+struct Pending {
+    dests: Vec<(u64, u32)>,
+    sink: ReadSink,
+    done: oneshot::Sender<Result<Vec<RangeStatus>, TransportError>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, Pending>,
+    control_reply: Option<oneshot::Sender<ControlMessage>>,
+    /// Set once the connection is gone: why.
+    lost: Option<String>,
+}
+
+/// Limits the node announced at handshake.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeLimits {
+    pub ranges_per_batch_max: u32,
+    pub batch_footprint_max_bytes: u64,
+    pub credits: u32,
+}
+
+/// One connection to a node's data plane.
+pub struct TcpClient {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    control: tokio::sync::Mutex<()>,
+    shared: Arc<Mutex<Shared>>,
+    credits: Arc<Semaphore>,
+    next_batch_id: AtomicU64,
+    limits: NodeLimits,
+    node: String,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl TcpClient {
+    /// Connects and shakes hands.
+    pub async fn connect(addr: SocketAddr, client_name: &str) -> Result<Self, TransportError> {
+        let stream = TcpStream::connect(addr).await.map_err(|source| TransportError::Connect { addr, source })?;
+        stream.set_nodelay(true)?;
+        let (reader, writer) = stream.into_split();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let reader = tokio::spawn(read_loop(reader, Arc::clone(&shared)));
+        let mut client = Self {
+            writer: tokio::sync::Mutex::new(writer),
+            control: tokio::sync::Mutex::new(()),
+            shared,
+            credits: Arc::new(Semaphore::new(1)),
+            next_batch_id: AtomicU64::new(1),
+            limits: NodeLimits { ranges_per_batch_max: 1, batch_footprint_max_bytes: 0, credits: 1 },
+            node: String::new(),
+            reader,
+        };
+        let hello = ControlMessage::Hello { protocol: 1, client: client_name.to_string() };
+        match client.control_request(&hello).await? {
+            ControlMessage::HelloOk { node, ranges_per_batch_max, batch_footprint_max_bytes, credits } => {
+                client.limits = NodeLimits {
+                    ranges_per_batch_max: ranges_per_batch_max.clamp(1, wire::RANGES_PER_BATCH_MAX),
+                    batch_footprint_max_bytes: batch_footprint_max_bytes.min(wire::BATCH_FOOTPRINT_MAX_BYTES),
+                    credits: credits.max(1),
+                };
+                client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
+                client.node = node;
+                Ok(client)
+            }
+            other => Err(TransportError::Protocol(format!("expected HelloOk, got {other:?}"))),
+        }
+    }
+
+    pub fn limits(&self) -> NodeLimits {
+        self.limits
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Opens a dataset by name; returns its handle on this connection.
+    pub async fn open(&self, name: &str, token: Option<String>) -> Result<(u32, OpenInfo), TransportError> {
+        match self.control_request(&ControlMessage::Open { name: name.to_string(), token }).await? {
+            ControlMessage::Opened { handle, info } => Ok((handle, info)),
+            other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
+        }
+    }
+
+    pub async fn close(&self, handle: u32) -> Result<(), TransportError> {
+        let frame = control_frame(&ControlMessage::Close { handle });
+        self.writer.lock().await.write_all(&frame).await?;
+        Ok(())
+    }
+
+    /// One request, one reply; requests are serialized.
+    async fn control_request(&self, message: &ControlMessage) -> Result<ControlMessage, TransportError> {
+        let _serial = self.control.lock().await;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut shared = self.shared.lock().map_err(|_| poisoned())?;
+            if let Some(why) = &shared.lost {
+                return Err(TransportError::Lost(why.clone()));
+            }
+            shared.control_reply = Some(tx);
+        }
+        self.writer.lock().await.write_all(&control_frame(message)).await?;
+        let reply = rx.await.map_err(|_| self.lost_error())?;
+        match reply {
+            ControlMessage::Error { code, message } => Err(TransportError::Refused { code, message }),
+            other => Ok(other),
+        }
+    }
+
+    fn lost_error(&self) -> TransportError {
+        let why = self.shared.lock().ok().and_then(|s| s.lost.clone());
+        TransportError::Lost(why.unwrap_or_else(|| "connection closed".into()))
+    }
+
+    /// Reads one wire batch (within the node's limits) into `sink` at each
+    /// range's `dest`; waits for a credit first.
+    pub async fn read_batch(
+        &self,
+        handle: u32,
+        ranges: &[RangeDescriptor],
+        sink: ReadSink,
+    ) -> Result<Vec<RangeStatus>, TransportError> {
+        assert!(ranges.len() <= self.limits.ranges_per_batch_max as usize, "caller must split batches");
+        let _credit = self.credits.acquire().await.map_err(|_| self.lost_error())?;
+        let batch_id = self.next_batch_id.fetch_add(1, Ordering::Relaxed);
+        let (done, rx) = oneshot::channel();
+        let dests = ranges.iter().map(|r| (r.dest.get(), r.len.get())).collect();
+        {
+            let mut shared = self.shared.lock().map_err(|_| poisoned())?;
+            if let Some(why) = &shared.lost {
+                return Err(TransportError::Lost(why.clone()));
+            }
+            shared.pending.insert(batch_id, Pending { dests, sink, done });
+        }
+        let mut frame = Vec::with_capacity(FrameHeader::SIZE + 16 + ranges.len() * RangeDescriptor::SIZE);
+        wire::encode_batch_request(&mut frame, batch_id, handle, ranges);
+        let sent = self.writer.lock().await.write_all(&frame).await;
+        if let Err(err) = sent {
+            if let Ok(mut shared) = self.shared.lock() {
+                shared.pending.remove(&batch_id);
+            }
+            return Err(err.into());
+        }
+        rx.await.map_err(|_| self.lost_error())?
+    }
+}
+
+impl Drop for TcpClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn poisoned() -> TransportError {
+    TransportError::Protocol("client state lock poisoned".into())
+}
+
+/// Reads frames until the connection ends, then fails whatever is pending.
+async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Mutex<Shared>>) {
+    let why = match read_frames(&mut reader, &shared).await {
+        Ok(()) => "node closed the connection".to_string(),
+        Err(err) => err.to_string(),
+    };
+    let Ok(mut shared) = shared.lock() else { return };
+    shared.lost = Some(why.clone());
+    shared.control_reply = None;
+    for (_, pending) in shared.pending.drain() {
+        let _ = pending.done.send(Err(TransportError::Lost(why.clone())));
+    }
+}
+
+async fn read_frames(reader: &mut OwnedReadHalf, shared: &Mutex<Shared>) -> Result<(), TransportError> {
+    let mut header = [0u8; FrameHeader::SIZE];
+    let mut statuses = Vec::new();
+    loop {
+        match reader.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(err) => return Err(err.into()),
+        }
+        let (kind, len) = wire::parse_frame_header(&header, true)?;
+        match kind {
+            FrameKind::Control => {
+                let mut payload = vec![0u8; len as usize];
+                reader.read_exact(&mut payload).await?;
+                let message = codec::decode(&payload)?;
+                let waiter = shared.lock().map_err(|_| poisoned())?.control_reply.take();
+                match (waiter, message) {
+                    (Some(waiter), message) => {
+                        let _ = waiter.send(message);
+                    }
+                    (None, ControlMessage::Error { code, message }) => {
+                        return Err(TransportError::Refused { code, message });
+                    }
+                    (None, other) => return Err(TransportError::Protocol(format!("unsolicited {other:?}"))),
+                }
+            }
+            FrameKind::BatchResponse => read_response(reader, shared, len, &mut statuses).await?,
+            FrameKind::BatchRequest => return Err(TransportError::Protocol("node sent a request".into())),
+        }
+    }
+}
+
+async fn read_response(
+    reader: &mut OwnedReadHalf,
+    shared: &Mutex<Shared>,
+    payload_len: u32,
+    statuses: &mut Vec<u8>,
+) -> Result<(), TransportError> {
+    let mut head = [0u8; BatchResponseHeader::SIZE];
+    reader.read_exact(&mut head).await?;
+    let head = BatchResponseHeader::read_from_bytes(&head).map_err(|_| wire::FrameError::Short)?;
+    let batch_id = head.batch_id.get();
+    let range_count = head.range_count.get();
+    let padded = wire::status_bytes_padded(range_count);
+    let data_len = head.data_len.get();
+    if u64::from(payload_len) != BatchResponseHeader::SIZE as u64 + padded as u64 + data_len {
+        return Err(TransportError::Protocol(format!("response {batch_id} has inconsistent lengths")));
+    }
+    let pending = shared.lock().map_err(|_| poisoned())?.pending.remove(&batch_id);
+    let Some(pending) = pending else {
+        return Err(TransportError::Protocol(format!("response for unknown batch {batch_id}")));
+    };
+    if range_count as usize != pending.dests.len() {
+        return Err(TransportError::Protocol(format!("response {batch_id} has {range_count} statuses")));
+    }
+    statuses.resize(padded, 0);
+    reader.read_exact(statuses).await?;
+    let status = BatchStatus::from_u32(head.status.get())
+        .ok_or_else(|| TransportError::Protocol(format!("batch status {}", head.status.get())))?;
+    if status != BatchStatus::Ok {
+        if data_len != 0 {
+            return Err(TransportError::Protocol("failed batch carries data".into()));
+        }
+        let _ = pending.done.send(Err(TransportError::Batch(status)));
+        return Ok(());
+    }
+    let mut decoded = Vec::with_capacity(range_count as usize);
+    let mut expected = 0u64;
+    for (index, &byte) in statuses[..range_count as usize].iter().enumerate() {
+        let status = RangeStatus::from_u8(byte).ok_or_else(|| TransportError::Protocol(format!("range status {byte}")))?;
+        if status == RangeStatus::Ok {
+            expected += u64::from(pending.dests[index].1);
+        }
+        decoded.push(status);
+    }
+    if expected != data_len {
+        return Err(TransportError::Protocol(format!("response {batch_id}: {data_len} bytes for {expected}")));
+    }
+    {
+        let mut sink = pending.sink.lock().await;
+        for (index, status) in decoded.iter().enumerate() {
+            if *status != RangeStatus::Ok {
+                continue;
+            }
+            let (dest, len) = pending.dests[index];
+            let dest = dest as usize;
+            let Some(target) = sink.get_mut(dest..dest + len as usize) else {
+                return Err(TransportError::Protocol("destination outside the buffer".into()));
+            };
+            reader.read_exact(target).await?;
+        }
+    }
+    let _ = pending.done.send(Ok(decoded));
+    Ok(())
+}

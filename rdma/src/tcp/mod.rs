@@ -1,0 +1,43 @@
+//! The TCP transport: the fallback and the default where no RDMA NIC exists.
+//!
+//! Same batch semantics as RDMA: a client pipelines many batches on one
+//! connection, bounded by credits the server grants at handshake; responses
+//! come back in completion order, tagged with their batch id. The server
+//! writes each response straight from the data plane's DMA slots.
+
+mod client;
+mod server;
+
+use std::io::{self, IoSlice};
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+pub use client::{ReadSink, TcpClient, TransportError};
+pub use server::{serve, DatasetResolver, OpenError, ServerConfig};
+
+/// Most iovecs handed to one `writev` (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
+
+/// Writes every slice, however many, however short the kernel's writes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let take = slices.len().min(IOV_MAX);
+        let written = writer.write_vectored(&slices[..take]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
+}
+
+/// Encodes a control message as a whole frame.
+fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
+    use zerocopy::IntoBytes;
+    let payload = crate::codec::encode(message).unwrap_or_default();
+    let mut frame = Vec::with_capacity(crate::wire::FrameHeader::SIZE + payload.len());
+    frame.extend_from_slice(crate::wire::frame_header(crate::wire::FrameKind::Control, payload.len() as u32).as_bytes());
+    frame.extend_from_slice(&payload);
+    frame
+}

@@ -1,0 +1,318 @@
+//! Server side of the TCP transport: one task reads a connection's frames and
+//! hands batches to the data plane, one writes responses as they complete.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, ReadBatch, SubmitError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+
+use super::{control_frame, write_all_vectored};
+use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use crate::wire::{self, BatchStatus, FrameHeader, FrameKind};
+
+/// Most datasets one connection holds open.
+const HANDLES_PER_CONNECTION_MAX: usize = 1024;
+const PROTOCOL: u32 = 1;
+
+/// Resolves dataset names for `Open`: the catalog's side of the server.
+pub trait DatasetResolver: Send + Sync + 'static {
+    fn open(
+        &self,
+        name: String,
+        token: Option<String>,
+    ) -> impl Future<Output = Result<(DatasetSlot, OpenInfo), OpenError>> + Send;
+}
+
+/// Why an open failed; sent to that client only.
+#[derive(Clone, Debug)]
+pub struct OpenError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub node_name: String,
+    /// Batches one connection may have in flight.
+    pub credits: u32,
+    /// A response not written within this is taken as a dead client.
+    pub write_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { node_name: "sluice".into(), credits: 64, write_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn serve<R: DatasetResolver>(
+    listener: TcpListener,
+    plane: Arc<DataPlane>,
+    resolver: Arc<R>,
+    config: ServerConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let connection = Connection {
+                        plane: Arc::clone(&plane),
+                        resolver: Arc::clone(&resolver),
+                        config: config.clone(),
+                        peer,
+                    };
+                    tokio::spawn(connection.run(stream));
+                }
+                Err(err) => {
+                    tracing::warn!("accept: {err}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+enum Outgoing {
+    Control(Vec<u8>),
+    Batch {
+        batch_id: u64,
+        range_count: u32,
+        result: oneshot::Receiver<Result<BatchResult, SubmitError>>,
+        permit: OwnedSemaphorePermit,
+    },
+    Failed {
+        batch_id: u64,
+        range_count: u32,
+        status: BatchStatus,
+        permit: OwnedSemaphorePermit,
+    },
+}
+
+/// Why a connection is closed by the server.
+#[derive(Debug, thiserror::Error)]
+enum Fatal {
+    #[error("{0}")]
+    Frame(#[from] wire::FrameError),
+    #[error("{0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Fatal {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Frame(wire::FrameError::Oversized { .. }) => ErrorCode::OversizedFrame,
+            Self::Frame(_) | Self::Codec(_) => ErrorCode::MalformedFrame,
+            Self::Protocol(_) | Self::Io(_) => ErrorCode::Protocol,
+        }
+    }
+}
+
+struct Connection<R> {
+    plane: Arc<DataPlane>,
+    resolver: Arc<R>,
+    config: ServerConfig,
+    peer: SocketAddr,
+}
+
+impl<R: DatasetResolver> Connection<R> {
+    async fn run(self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let (mut reader, writer) = stream.into_split();
+        let credits = self.config.credits.max(1);
+        let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
+        let writer = tokio::spawn(write_loop(writer, out_rx, self.config.write_timeout, self.peer));
+        let semaphore = Arc::new(Semaphore::new(credits as usize));
+        match self.read_loop(&mut reader, &out_tx, &semaphore).await {
+            Ok(()) => tracing::debug!(peer = %self.peer, "client closed the connection"),
+            Err(Fatal::Io(err)) => tracing::debug!(peer = %self.peer, "connection lost: {err}"),
+            Err(fatal) => {
+                tracing::info!(peer = %self.peer, "closing connection: {fatal}");
+                let message = ControlMessage::Error { code: fatal.code(), message: fatal.to_string() };
+                let _ = out_tx.send(Outgoing::Control(control_frame(&message))).await;
+            }
+        }
+        drop(out_tx);
+        let _ = writer.await;
+    }
+
+    async fn read_loop(
+        &self,
+        reader: &mut OwnedReadHalf,
+        out: &mpsc::Sender<Outgoing>,
+        semaphore: &Arc<Semaphore>,
+    ) -> Result<(), Fatal> {
+        let mut handles: HashMap<u32, DatasetSlot> = HashMap::new();
+        let mut next_handle = 1u32;
+        let mut greeted = false;
+        let mut header = [0u8; FrameHeader::SIZE];
+        let mut payload = Vec::new();
+        loop {
+            match reader.read_exact(&mut header).await {
+                Ok(_) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(err) => return Err(err.into()),
+            }
+            let (kind, len) = wire::parse_frame_header(&header, false)?;
+            payload.resize(len as usize, 0);
+            reader.read_exact(&mut payload).await?;
+            match kind {
+                FrameKind::Control => {
+                    let reply = match codec::decode(&payload)? {
+                        ControlMessage::Hello { protocol, .. } if protocol == PROTOCOL => {
+                            greeted = true;
+                            ControlMessage::HelloOk {
+                                node: self.config.node_name.clone(),
+                                ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
+                                batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
+                                credits: self.config.credits.max(1),
+                            }
+                        }
+                        ControlMessage::Hello { protocol, .. } => {
+                            return Err(Fatal::Protocol(format!("client protocol {protocol}, node speaks {PROTOCOL}")))
+                        }
+                        _ if !greeted => return Err(Fatal::Protocol("the first message must be Hello".into())),
+                        ControlMessage::Open { name, token } => {
+                            if handles.len() >= HANDLES_PER_CONNECTION_MAX {
+                                ControlMessage::Error {
+                                    code: ErrorCode::Protocol,
+                                    message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
+                                }
+                            } else {
+                                match self.resolver.open(name, token).await {
+                                    Ok((slot, info)) => {
+                                        let handle = next_handle;
+                                        next_handle = next_handle.wrapping_add(1).max(1);
+                                        handles.insert(handle, slot);
+                                        ControlMessage::Opened { handle, info }
+                                    }
+                                    Err(err) => ControlMessage::Error { code: err.code, message: err.message },
+                                }
+                            }
+                        }
+                        ControlMessage::Close { handle } => {
+                            handles.remove(&handle);
+                            continue;
+                        }
+                        other => return Err(Fatal::Protocol(format!("unexpected message {other:?}"))),
+                    };
+                    out.send(Outgoing::Control(control_frame(&reply))).await.map_err(|_| closed())?;
+                }
+                FrameKind::BatchRequest => {
+                    if !greeted {
+                        return Err(Fatal::Protocol("the first message must be Hello".into()));
+                    }
+                    let (request, descriptors) = wire::parse_batch_request(&payload)?;
+                    let batch_id = request.batch_id.get();
+                    let range_count = request.range_count.get();
+                    let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
+                    let Some(&slot) = handles.get(&request.handle.get()) else {
+                        let failed = Outgoing::Failed { batch_id, range_count, status: BatchStatus::UnknownHandle, permit };
+                        out.send(failed).await.map_err(|_| closed())?;
+                        continue;
+                    };
+                    let ranges = descriptors
+                        .iter()
+                        .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
+                        .collect();
+                    let (reply, result) = oneshot::channel();
+                    let outgoing = match self.plane.submit(ReadBatch { dataset: slot, ranges, reply }).await {
+                        Ok(()) => Outgoing::Batch { batch_id, range_count, result, permit },
+                        Err(_) => Outgoing::Failed { batch_id, range_count, status: BatchStatus::ShuttingDown, permit },
+                    };
+                    out.send(outgoing).await.map_err(|_| closed())?;
+                }
+                FrameKind::BatchResponse => return Err(Fatal::Protocol("clients do not send responses".into())),
+            }
+        }
+    }
+}
+
+fn closed() -> Fatal {
+    Fatal::Io(std::io::ErrorKind::BrokenPipe.into())
+}
+
+type Pending = std::pin::Pin<
+    Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>,
+>;
+
+/// Writes control replies in order and batch responses as they complete.
+async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>, timeout: Duration, peer: SocketAddr) {
+    let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
+    let mut head = Vec::with_capacity(256);
+    let mut open = true;
+    while open || !pending.is_empty() {
+        let written = tokio::select! {
+            next = rx.recv(), if open => match next {
+                None => { open = false; Ok(Ok(())) }
+                Some(Outgoing::Control(frame)) => tokio::time::timeout(timeout, writer.write_all(&frame)).await,
+                Some(Outgoing::Failed { batch_id, range_count, status, permit }) => {
+                    let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
+                    wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
+                    let result = tokio::time::timeout(timeout, writer.write_all(&head)).await;
+                    drop(permit);
+                    result
+                }
+                Some(Outgoing::Batch { batch_id, range_count, result, permit }) => {
+                    pending.push(Box::pin(async move {
+                        let outcome = match result.await {
+                            Ok(Ok(batch)) => Ok(batch),
+                            Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
+                            Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
+                            Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
+                        };
+                        (batch_id, range_count, outcome, permit)
+                    }));
+                    Ok(Ok(()))
+                }
+            },
+            Some((batch_id, range_count, outcome, permit)) = pending.next(), if !pending.is_empty() => {
+                let result = match outcome {
+                    Ok(batch) => {
+                        let statuses: Vec<u8> = batch.statuses().iter().map(|s| *s as u8).collect();
+                        wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, batch.payload_bytes());
+                        let mut slices = Vec::with_capacity(1 + batch.statuses().len());
+                        slices.push(IoSlice::new(&head));
+                        slices.extend(batch.io_slices());
+                        tokio::time::timeout(timeout, write_all_vectored(&mut writer, &mut slices)).await
+                    }
+                    Err(status) => {
+                        let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
+                        wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
+                        tokio::time::timeout(timeout, writer.write_all(&head)).await
+                    }
+                };
+                drop(permit);
+                result
+            }
+        };
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(%peer, "writing response: {err}");
+                break;
+            }
+            Err(_) => {
+                tracing::info!(%peer, "client did not read a response within {timeout:?}; dropping it");
+                break;
+            }
+        }
+    }
+    // Remaining results drop here, which returns their DMA slots.
+    let _ = writer.shutdown().await;
+}

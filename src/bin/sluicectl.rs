@@ -1,0 +1,386 @@
+//! `sluicectl`: operate a sluice node through its control API.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use sluice::readbench::{self, BenchParams};
+use sluice_client::{Client, RangeStatus, ReadRange};
+use sluice_control::ingest::Appended;
+use sluice_control::{npy, DatasetRecord};
+
+#[derive(Parser, Debug)]
+#[command(name = "sluicectl", version, about = "Operate a sluice node")]
+struct Cli {
+    /// Control API of the node.
+    #[arg(long, global = true, env = "SLUICE_ENDPOINT", default_value = "http://127.0.0.1:7070")]
+    endpoint: String,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create, ingest, seal, list, inspect and delete datasets.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// Read one byte range of a sealed dataset to stdout or a file.
+    Read {
+        name: String,
+        #[arg(long)]
+        offset: u64,
+        #[arg(long)]
+        len: u64,
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum DatasetCommand {
+    Create {
+        name: String,
+        /// bytes, tokens:u16 or tokens:u32
+        #[arg(long)]
+        kind: String,
+    },
+    /// Append files (raw, or .npy arrays) to a dataset, in order.
+    Ingest {
+        name: String,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Auto)]
+        format: Format,
+    },
+    /// Verify and freeze a dataset; it is served from then on.
+    Seal { name: String },
+    Ls,
+    Stat { name: String },
+    Rm { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Random reads through the client, as a training job would issue them.
+    Read {
+        name: String,
+        /// Bytes per read.
+        #[arg(long, default_value_t = 4096)]
+        size: u32,
+        /// Reads per batch.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Batches in flight (queue depth = batch x inflight).
+        #[arg(long, default_value_t = 1)]
+        inflight: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Offsets are multiples of this; 1 for unaligned reads.
+        #[arg(long, default_value_t = 4096)]
+        align: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Auto,
+    Raw,
+    Npy,
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("sluicectl: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<()> {
+    let api = Api { endpoint: cli.endpoint.trim_end_matches('/').to_string() };
+    match &cli.command {
+        Command::Dataset(command) => dataset(&api, cli.json, command),
+        Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
+        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align }) => {
+            let params = BenchParams {
+                size_bytes: *size,
+                batch: (*batch).max(1),
+                inflight: (*inflight).max(1),
+                duration: Duration::from_secs_f64(seconds.max(0.1)),
+                align_bytes: *align,
+                seed: 0x5eed,
+            };
+            bench_read(&api, name, params, cli.json)
+        }
+    }
+}
+
+struct Api {
+    endpoint: String,
+}
+
+impl Api {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.endpoint)
+    }
+
+    fn call(&self, request: std::result::Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
+        request.map_err(|err| match err {
+            ureq::Error::Status(code, response) => {
+                let body: Option<Value> = response.into_json().ok();
+                let message = body
+                    .as_ref()
+                    .and_then(|b| b["error"]["message"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("HTTP {code}"));
+                let code = body.as_ref().and_then(|b| b["error"]["code"].as_str().map(str::to_string));
+                match code {
+                    Some(code) => format!("{message} ({code})"),
+                    None => message,
+                }
+            }
+            other => format!("cannot reach the node at {}: {other}", self.endpoint),
+        })
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self.call(ureq::get(&self.url(path)).call())?;
+        response.into_json().map_err(|e| format!("bad answer from {path}: {e}"))
+    }
+}
+
+fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
+    match command {
+        DatasetCommand::Create { name, kind } => {
+            let body = serde_json::json!({ "name": name, "kind": kind });
+            let record: DatasetRecord = api
+                .call(ureq::post(&api.url("/v1/datasets")).send_json(body))?
+                .into_json()
+                .map_err(|e| e.to_string())?;
+            print_record(&record, json, &format!("created {} ({})", record.name, record.kind));
+        }
+        DatasetCommand::Ingest { name, files, format } => {
+            let mut results = Vec::new();
+            for file in files {
+                let appended = ingest_file(api, name, file, *format, json)?;
+                results.push(serde_json::json!({ "file": file, "appended": appended }));
+            }
+            if json {
+                println!("{}", Value::Array(results));
+            }
+        }
+        DatasetCommand::Seal { name } => {
+            let record: DatasetRecord = api
+                .call(ureq::post(&api.url(&format!("/v1/datasets/{name}/seal"))).call())?
+                .into_json()
+                .map_err(|e| e.to_string())?;
+            let hash = record.content_hash.clone().unwrap_or_default();
+            print_record(&record, json, &format!("sealed {} ({} bytes, {hash})", record.name, record.length_bytes));
+        }
+        DatasetCommand::Ls => {
+            let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
+            if json {
+                println!("{}", serde_json::to_string(&records).map_err(|e| e.to_string())?);
+            } else {
+                println!("{:<32} {:<11} {:<10} {:>16} {:>6}  HASH", "NAME", "KIND", "STATE", "BYTES", "FILES");
+                for r in records {
+                    let hash = r.content_hash.as_deref().map(|h| &h[..h.len().min(23)]).unwrap_or("-");
+                    let state = serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string));
+                    println!(
+                        "{:<32} {:<11} {:<10} {:>16} {:>6}  {hash}",
+                        r.name,
+                        r.kind.as_str(),
+                        state.unwrap_or_default(),
+                        r.length_bytes,
+                        r.files_ingested
+                    );
+                }
+            }
+        }
+        DatasetCommand::Stat { name } => {
+            let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
+            let pretty = serde_json::to_string_pretty(&record).map_err(|e| e.to_string())?;
+            print_record(&record, json, &pretty);
+        }
+        DatasetCommand::Rm { name } => {
+            api.call(ureq::delete(&api.url(&format!("/v1/datasets/{name}"))).call())?;
+            if json {
+                println!("{}", serde_json::json!({ "deleted": name }));
+            } else {
+                println!("deleted {name}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_record(record: &DatasetRecord, json: bool, human: &str) {
+    if json {
+        println!("{}", serde_json::to_string(record).unwrap_or_default());
+    } else {
+        println!("{human}");
+    }
+}
+
+/// Streams one file to the node, then compares the node's CRC32C of the
+/// data with the one computed here while sending.
+fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -> Result<Appended> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let npy = match format {
+        Format::Npy => true,
+        Format::Raw => false,
+        Format::Auto => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy")),
+    };
+    let data_offset = if npy {
+        let mut head = vec![0u8; (size as usize).min(npy::HEADER_BYTES_MAX)];
+        File::open(path).and_then(|mut f| f.read_exact(&mut head)).map_err(|e| format!("{}: {e}", path.display()))?;
+        npy::parse_header(&head).map(|h| h.data_offset_bytes as u64).map_err(|e| format!("{}: {e}", path.display()))?
+    } else {
+        0
+    };
+    let progress = ProgressBar::new(size);
+    progress.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    progress.set_message(path.display().to_string());
+    let reader = CrcReader { inner: progress.wrap_read(file), skip: data_offset, crc: 0 };
+    let crc = Arc::new(std::sync::Mutex::new(0u32));
+    let reader = SharedCrc { reader, out: Arc::clone(&crc) };
+    let url = api.url(&format!("/v1/datasets/{name}/ingest"));
+    let request = ureq::post(&url)
+        .query("format", if npy { "npy" } else { "raw" })
+        .set("Content-Type", "application/octet-stream")
+        .send(reader);
+    progress.finish_and_clear();
+    let appended: Appended = api.call(request)?.into_json().map_err(|e| e.to_string())?;
+    let sent = *crc.lock().map_err(|_| "crc lock poisoned".to_string())?;
+    if appended.data_crc32c != sent {
+        return Err(format!(
+            "{}: checksum mismatch: sent crc32c {sent:#010x}, node stored {:#010x}",
+            path.display(),
+            appended.data_crc32c
+        ));
+    }
+    if !json {
+        println!(
+            "ingested {}: {} bytes (crc32c {:#010x} verified); {name} is now {} bytes",
+            path.display(),
+            appended.data_bytes,
+            sent,
+            appended.length_bytes
+        );
+    }
+    Ok(appended)
+}
+
+/// CRC32C of what passes through, after the first `skip` bytes.
+struct CrcReader<R> {
+    inner: R,
+    skip: u64,
+    crc: u32,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let skip = (self.skip.min(n as u64)) as usize;
+        self.skip -= skip as u64;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[skip..n]);
+        Ok(n)
+    }
+}
+
+/// Publishes the running CRC so it can be read after the request consumed
+/// the reader.
+struct SharedCrc<R> {
+    reader: CrcReader<R>,
+    out: Arc<std::sync::Mutex<u32>>,
+}
+
+impl<R: Read> Read for SharedCrc<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        if let Ok(mut out) = self.out.lock() {
+            *out = self.reader.crc;
+        }
+        Ok(n)
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))
+}
+
+/// Most bytes asked for in one batch by `read`; longer reads are streamed.
+const READ_PIECE_BYTES: u64 = 64 << 20;
+
+fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let dataset = client.open(name).await.map_err(|e| e.to_string())?;
+        let mut out: Box<dyn Write> = match output {
+            Some(path) => Box::new(File::create(path).map_err(|e| format!("{}: {e}", path.display()))?),
+            None => Box::new(std::io::stdout().lock()),
+        };
+        let mut done = 0u64;
+        let mut buf = Vec::new();
+        while done < len {
+            let piece = (len - done).min(READ_PIECE_BYTES);
+            buf.resize(piece as usize, 0);
+            let ranges: Vec<ReadRange> = (0..piece.div_ceil(4 << 20))
+                .map(|i| {
+                    let at = i * (4 << 20);
+                    ReadRange { offset: offset + done + at, len: (piece - at).min(4 << 20) as u32, dest: at }
+                })
+                .collect();
+            let statuses = dataset.read_batch(&ranges, &mut buf).await.map_err(|e| e.to_string())?;
+            if let Some(bad) = statuses.iter().find(|s| **s != RangeStatus::Ok) {
+                return Err(format!(
+                    "reading {len} bytes at {offset} of {name}: {} (the dataset is {} bytes)",
+                    bad.name(),
+                    dataset.len_bytes()
+                ));
+            }
+            out.write_all(&buf).map_err(|e| e.to_string())?;
+            done += piece;
+        }
+        out.flush().map_err(|e| e.to_string())
+    })
+}
+
+fn bench_read(api: &Api, name: &str, params: BenchParams, json: bool) -> Result<()> {
+    runtime()?.block_on(async {
+        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let dataset = Arc::new(client.open(name).await.map_err(|e| e.to_string())?);
+        let report = readbench::run(dataset, params).await.map_err(|e| e.to_string())?;
+        if json {
+            let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+            value["transport"] = Value::from(client.transport());
+            value["dataset"] = Value::from(name);
+            println!("{value}");
+        } else {
+            println!("{name} over {} from {}", client.transport(), client.node().name);
+            print!("{}", report.render());
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,119 @@
+//! `sluiced`: one storage node — data plane and control API in one process.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::config::{DriverChoice, IoModeChoice};
+use sluice::{Node, NodeConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "sluiced", version, about = "Serve training datasets from NVMe to training hosts")]
+struct Args {
+    /// Directory holding the catalog and file-backed namespaces.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Data-plane (TCP transport) address [default: 127.0.0.1:7071].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Control API (HTTP) address [default: 127.0.0.1:7070].
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// TOML file with any NodeConfig keys; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Block driver: uring (files and block devices) or mem.
+    #[arg(long, value_parser = ["uring", "mem"])]
+    driver: Option<String>,
+    /// direct (O_DIRECT) or buffered (page cache).
+    #[arg(long, value_parser = ["direct", "buffered"])]
+    io_mode: Option<String>,
+    /// Data-plane cores.
+    #[arg(long)]
+    cores: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut config = match &args.config {
+        Some(path) => match NodeConfig::from_file(path) {
+            Ok(config) => config,
+            Err(err) => {
+                eprintln!("sluiced: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        None => NodeConfig::default(),
+    };
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(addr) = args.listen {
+        config.listen = addr;
+    }
+    if let Some(addr) = args.control {
+        config.control = addr;
+    }
+    if let Some(cores) = args.cores {
+        config.cores = cores;
+    }
+    match args.driver.as_deref() {
+        Some("mem") => config.driver = DriverChoice::Mem,
+        Some("uring") => config.driver = DriverChoice::Uring,
+        _ => {}
+    }
+    match args.io_mode.as_deref() {
+        Some("buffered") => config.io_mode = IoModeChoice::Buffered,
+        Some("direct") => config.io_mode = IoModeChoice::Direct,
+        _ => {}
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("sluiced: starting the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(config))
+}
+
+async fn run(config: NodeConfig) -> ExitCode {
+    let data_dir = config.data_dir.clone();
+    let node = match Node::start(config).await {
+        Ok(node) => node,
+        Err(err) => {
+            eprintln!("sluiced: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "sluiced: control API on {}", node.control_url());
+    let _ = writeln!(out, "sluiced: data plane (tcp) on {}", node.data_addr);
+    let _ = writeln!(out, "sluiced: {} ; data in {}", node.describe(), data_dir.display());
+    let _ = out.flush();
+    drop(out);
+    wait_for_signal().await;
+    eprintln!("sluiced: stopping");
+    node.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

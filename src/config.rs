@@ -1,0 +1,100 @@
+//! Node configuration: command-line flags over an optional TOML file over
+//! these defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Default control API address; `sluicectl` looks here unless told otherwise.
+pub const DEFAULT_CONTROL_ADDR: &str = "127.0.0.1:7070";
+/// Default data-plane (TCP transport) address.
+pub const DEFAULT_DATA_ADDR: &str = "127.0.0.1:7071";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverChoice {
+    Uring,
+    Mem,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoModeChoice {
+    Direct,
+    Buffered,
+}
+
+/// Everything a node is started with. Field names are the TOML keys.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    pub data_dir: PathBuf,
+    /// Data-plane TCP address.
+    pub listen: SocketAddr,
+    /// Control API address.
+    pub control: SocketAddr,
+    pub name: String,
+    pub driver: DriverChoice,
+    /// O_DIRECT (`direct`) or page cache (`buffered`) for file namespaces.
+    pub io_mode: IoModeChoice,
+    /// Data-plane cores; each owns a queue pair and a DMA arena.
+    pub cores: usize,
+    /// DMA slots (128 KiB each) per core.
+    pub slots_per_core: usize,
+    /// io_uring submission queue depth per core.
+    pub queue_depth: u32,
+    /// Batches one connection may have in flight.
+    pub credits: u32,
+    /// Verify chunk CRCs of whole chunks on every read.
+    pub verify_chunks: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map(|n| n.get().clamp(1, 8)).unwrap_or(2);
+        Self {
+            data_dir: PathBuf::from("sluice-data"),
+            listen: DEFAULT_DATA_ADDR.parse().expect("valid default address"),
+            control: DEFAULT_CONTROL_ADDR.parse().expect("valid default address"),
+            name: hostname(),
+            driver: DriverChoice::Uring,
+            io_mode: IoModeChoice::Direct,
+            cores,
+            slots_per_core: 512,
+            queue_depth: 256,
+            credits: 64,
+            verify_chunks: true,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Reads a TOML file; keys absent from it keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "sluice".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partial file keeps defaults; unknown keys are refused, not ignored.
+    #[test]
+    fn config_file_overrides_defaults() {
+        let config: NodeConfig = toml::from_str("cores = 3\nio_mode = \"buffered\"\n").expect("parse");
+        assert_eq!(config.cores, 3);
+        assert_eq!(config.io_mode, IoModeChoice::Buffered);
+        assert_eq!(config.credits, NodeConfig::default().credits);
+        assert!(toml::from_str::<NodeConfig>("coress = 3").is_err());
+    }
+}

@@ -1,0 +1,11 @@
+//! One sluice node wired together: block driver, data plane, control plane,
+//! TCP transport and HTTP API in one process. `sluiced` runs it as a daemon,
+//! `sluice quickstart` embeds it, and the integration tests start it for
+//! real.
+
+pub mod config;
+pub mod node;
+pub mod readbench;
+
+pub use config::NodeConfig;
+pub use node::Node;

@@ -1,0 +1,125 @@
+//! Starting and stopping a node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sluice_control::{api, ControlPlane, Resolver};
+use sluice_dataplane::driver::{MemDriver, UringDriver};
+use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
+use sluice_rdma::tcp::{serve, ServerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{DriverChoice, IoModeChoice, NodeConfig};
+
+/// A running node.
+pub struct Node {
+    pub control_addr: SocketAddr,
+    pub data_addr: SocketAddr,
+    pub control: Arc<ControlPlane>,
+    plane: Arc<DataPlane>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the data plane: {0}")]
+    DataPlane(#[from] sluice_dataplane::engine::StartError),
+    #[error("opening the catalog: {0}")]
+    Control(#[from] sluice_control::ControlError),
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Node {
+    /// Starts every part of a node and begins serving.
+    pub async fn start(config: NodeConfig) -> Result<Self, NodeError> {
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
+        let driver: Arc<dyn BlockDriver> = match config.driver {
+            DriverChoice::Uring => Arc::new(UringDriver::new(match config.io_mode {
+                IoModeChoice::Direct => IoMode::Direct,
+                IoModeChoice::Buffered => IoMode::Buffered,
+            })),
+            DriverChoice::Mem => Arc::new(MemDriver),
+        };
+        let plane_config = DataPlaneConfig {
+            cores: config.cores.max(1),
+            slots_per_core: config.slots_per_core.max(256),
+            queue_depth: config.queue_depth,
+            verify_chunks: config.verify_chunks,
+            ..DataPlaneConfig::default()
+        };
+        let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);
+        let control = Arc::new(ControlPlane::open(&config.data_dir, driver, Arc::clone(&plane))?);
+
+        let data_listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| NodeError::Bind { what: "the data plane", addr: config.listen, source })?;
+        let control_listener = TcpListener::bind(config.control)
+            .await
+            .map_err(|source| NodeError::Bind { what: "the control API", addr: config.control, source })?;
+        let data_addr = data_listener.local_addr().unwrap_or(config.listen);
+        let control_addr = control_listener.local_addr().unwrap_or(config.control);
+        control.set_info(|info| {
+            info.name = config.name.clone();
+            info.version = env!("CARGO_PKG_VERSION").to_string();
+            info.data_addr = data_addr.to_string();
+            info.control_addr = control_addr.to_string();
+            info.driver = plane.describe().to_string();
+        });
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let server_config = ServerConfig { node_name: config.name.clone(), credits: config.credits, ..ServerConfig::default() };
+        let data_task = tokio::spawn(serve(
+            data_listener,
+            Arc::clone(&plane),
+            Arc::new(Resolver(Arc::clone(&control))),
+            server_config,
+            shutdown_rx.clone(),
+        ));
+        let mut control_shutdown = shutdown_rx;
+        let router = api::router(Arc::clone(&control));
+        let control_task = tokio::spawn(async move {
+            let stop = async move {
+                let _ = control_shutdown.changed().await;
+            };
+            if let Err(err) = axum::serve(control_listener, router).with_graceful_shutdown(stop).await {
+                tracing::error!("control API: {err}");
+            }
+        });
+        Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks: vec![data_task, control_task] })
+    }
+
+    pub fn control_url(&self) -> String {
+        format!("http://{}", self.control_addr)
+    }
+
+    pub fn describe(&self) -> &str {
+        self.plane.describe()
+    }
+
+    /// Stops accepting, lets the control API finish its requests, and stops
+    /// the data-plane cores after their in-flight I/O.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let plane = Arc::clone(&self.plane);
+        let _ = tokio::task::spawn_blocking(move || plane.shutdown()).await;
+    }
+}
