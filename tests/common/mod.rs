@@ -1,0 +1,121 @@
+//! Helpers for tests that run real `sluiced` processes.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+/// A `sluiced` child process, killed when dropped.
+pub struct NodeProcess {
+    pub child: Child,
+    pub endpoint: String,
+    pub data_addr: String,
+    pub data_dir: PathBuf,
+}
+
+impl NodeProcess {
+    /// Starts a node on ephemeral loopback ports and waits for it to say
+    /// where it serves.
+    pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
+            .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
+            .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
+            .args(extra)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sluiced");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let (mut endpoint, mut data_addr) = (None, None);
+        while endpoint.is_none() || data_addr.is_none() {
+            let line = lines.next().expect("sluiced exited before announcing its addresses").expect("read");
+            if let Some(url) = line.strip_prefix("sluiced: control API on ") {
+                endpoint = Some(url.trim().to_string());
+            }
+            if let Some(addr) = line.strip_prefix("sluiced: data plane (tcp) on ") {
+                data_addr = Some(addr.trim().to_string());
+            }
+        }
+        // Keep draining stdout so the node never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            child,
+            endpoint: endpoint.expect("endpoint"),
+            data_addr: data_addr.expect("data address"),
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_sluicectl"))
+            .args(["--endpoint", &self.endpoint])
+            .args(args)
+            .output()
+            .expect("run sluicectl")
+    }
+
+    /// Runs sluicectl and insists it succeeds.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "sluicectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "sluiced did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes `len` seeded random bytes to `path` and returns them.
+pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data[..]);
+    std::fs::write(path, &data).expect("write test file");
+    data
+}
+
+/// Creates, ingests and seals a `bytes` dataset from `files`.
+pub fn sealed_dataset(node: &NodeProcess, name: &str, files: &[&Path]) {
+    node.ctl_ok(&["dataset", "create", name, "--kind", "bytes"]);
+    let mut args = vec!["dataset", "ingest", name];
+    args.extend(files.iter().map(|p| p.to_str().expect("utf-8 path")));
+    node.ctl_ok(&args);
+    node.ctl_ok(&["dataset", "seal", name]);
+}
