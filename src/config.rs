@@ -78,10 +78,7 @@ impl NodeConfig {
 }
 
 fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "sluice".to_string())
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "sluice".to_string())
 }
 
 #[cfg(test)]

@@ -105,7 +105,8 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
     let name = match &args.input {
         Some(path) => {
             let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("input");
-            let name: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
+            let name: String =
+                stem.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
             prepare(node, &name, kind, Source::File(path.clone())).await?;
             name
         }
@@ -167,7 +168,11 @@ async fn check_windows(
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
     let starts = (dataset.len_bytes() - window_bytes) / token_bytes;
     let ranges: Vec<ReadRange> = (0..256u64)
-        .map(|i| ReadRange { offset: rng.gen_range(0..=starts) * token_bytes, len: window_bytes as u32, dest: i * window_bytes })
+        .map(|i| ReadRange {
+            offset: rng.gen_range(0..=starts) * token_bytes,
+            len: window_bytes as u32,
+            dest: i * window_bytes,
+        })
         .collect();
     let mut buf = vec![0u8; (window_bytes * 256) as usize];
     let statuses = dataset.read_batch(&ranges, &mut buf).await.map_err(|e| e.to_string())?;
@@ -214,7 +219,10 @@ async fn prepare(node: &Node, name: &str, kind: DatasetKind, source: Source) -> 
         }
         let started = std::time::Instant::now();
         let record = control.seal(&name).map_err(|e| e.to_string())?;
-        println!("sealed {name} in {:.1} s: every chunk verified, content hash computed", started.elapsed().as_secs_f64());
+        println!(
+            "sealed {name} in {:.1} s: every chunk verified, content hash computed",
+            started.elapsed().as_secs_f64()
+        );
         let _ = record;
         Ok(())
     })

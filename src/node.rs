@@ -66,12 +66,16 @@ impl Node {
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);
         let control = Arc::new(ControlPlane::open(&config.data_dir, driver, Arc::clone(&plane))?);
 
-        let data_listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| NodeError::Bind { what: "the data plane", addr: config.listen, source })?;
-        let control_listener = TcpListener::bind(config.control)
-            .await
-            .map_err(|source| NodeError::Bind { what: "the control API", addr: config.control, source })?;
+        let data_listener = TcpListener::bind(config.listen).await.map_err(|source| NodeError::Bind {
+            what: "the data plane",
+            addr: config.listen,
+            source,
+        })?;
+        let control_listener = TcpListener::bind(config.control).await.map_err(|source| NodeError::Bind {
+            what: "the control API",
+            addr: config.control,
+            source,
+        })?;
         let data_addr = data_listener.local_addr().unwrap_or(config.listen);
         let control_addr = control_listener.local_addr().unwrap_or(config.control);
         control.set_info(|info| {
@@ -83,7 +87,8 @@ impl Node {
         });
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let server_config = ServerConfig { node_name: config.name.clone(), credits: config.credits, ..ServerConfig::default() };
+        let server_config =
+            ServerConfig { node_name: config.name.clone(), credits: config.credits, ..ServerConfig::default() };
         let data_task = tokio::spawn(serve(
             data_listener,
             Arc::clone(&plane),

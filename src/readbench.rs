@@ -91,7 +91,8 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
     }
     let mut total = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0 };
     for worker in workers {
-        let tally = worker.await.map_err(|e| ClientError::Control { endpoint: String::new(), message: e.to_string() })??;
+        let tally =
+            worker.await.map_err(|e| ClientError::Control { endpoint: String::new(), message: e.to_string() })??;
         let _ = total.histogram.add(&tally.histogram);
         total.reads += tally.reads;
         total.bytes += tally.bytes;
@@ -101,7 +102,7 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
     let h = &total.histogram;
     let mut buckets = Vec::new();
     let mut upper = 1u64;
-    while upper / 2 <= h.max() && h.len() > 0 {
+    while upper / 2 <= h.max() && !h.is_empty() {
         let count = h.count_between(upper / 2 + 1, upper);
         if count > 0 || !buckets.is_empty() {
             buckets.push((upper, count));

@@ -110,7 +110,8 @@ fn token_files_ingest_raw_and_npy() {
     let b = dir.path().join("b.npy");
     node.ctl_ok(&["dataset", "ingest", "toks", a.to_str().expect("p"), b.to_str().expect("p")]);
     node.ctl_ok(&["dataset", "seal", "toks"]);
-    let stat: serde_json::Value = serde_json::from_str(&node.ctl_ok(&["dataset", "stat", "toks", "--json"])).expect("json");
+    let stat: serde_json::Value =
+        serde_json::from_str(&node.ctl_ok(&["dataset", "stat", "toks", "--json"])).expect("json");
     assert_eq!(stat["length_bytes"], 800_000);
     assert_eq!(stat["kind"], "tokens:u32");
     let client = Client::connect(&node.endpoint).expect("connect");

@@ -86,7 +86,10 @@ pub struct CreateRequest {
     pub kind: String,
 }
 
-async fn create(State(control): State<Shared>, Json(request): Json<CreateRequest>) -> Result<impl IntoResponse, ApiError> {
+async fn create(
+    State(control): State<Shared>,
+    Json(request): Json<CreateRequest>,
+) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
     Ok((StatusCode::CREATED, Json(control.create(&request.name, kind)?)))
 }
@@ -124,9 +127,11 @@ async fn ingest(
 
 async fn seal(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     let sealing = Arc::clone(&control);
-    let record = tokio::task::spawn_blocking(move || sealing.seal(&name))
-        .await
-        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, code: "internal".into(), message: e.to_string() })??;
+    let record = tokio::task::spawn_blocking(move || sealing.seal(&name)).await.map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        code: "internal".into(),
+        message: e.to_string(),
+    })??;
     Ok(Json(record))
 }
 

@@ -35,6 +35,17 @@ pub enum DatasetState {
     Deleting,
 }
 
+impl std::fmt::Display for DatasetState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Creating => "creating",
+            Self::Ingesting => "ingesting",
+            Self::Sealed => "sealed",
+            Self::Deleting => "deleting",
+        })
+    }
+}
+
 /// Where a dataset's bytes live and why there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespaceRecord {
@@ -65,7 +76,7 @@ pub struct DatasetRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     #[error("catalog store: {0}")]
-    Store(#[from] redb::Error),
+    Store(#[source] Box<redb::Error>),
     #[error("catalog record of {name}: {source}")]
     Record {
         name: String,
@@ -83,7 +94,7 @@ pub enum CatalogError {
 }
 
 fn store<E: Into<redb::Error>>(err: E) -> CatalogError {
-    CatalogError::Store(err.into())
+    CatalogError::Store(Box::new(err.into()))
 }
 
 pub fn valid_name(name: &str) -> bool {

@@ -171,7 +171,7 @@ impl Appender {
             }
         }
         let elem = self.kind.element_size_bytes();
-        if self.written_bytes % elem != 0 {
+        if !self.written_bytes.is_multiple_of(elem) {
             return Err(IngestError::PartialElement { len: self.written_bytes, kind: self.kind, elem });
         }
         self.namespace.sync()?;
@@ -212,7 +212,13 @@ mod tests {
         MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace")
     }
 
-    fn ingest(ns: &Arc<dyn Namespace>, kind: DatasetKind, format: IngestFormat, file: &[u8], piece: usize) -> Result<(Appended, Vec<u32>), IngestError> {
+    fn ingest(
+        ns: &Arc<dyn Namespace>,
+        kind: DatasetKind,
+        format: IngestFormat,
+        file: &[u8],
+        piece: usize,
+    ) -> Result<(Appended, Vec<u32>), IngestError> {
         let mut appender = Appender::new(Arc::clone(ns), kind, format, 0, 0, Vec::new());
         for part in file.chunks(piece) {
             appender.push(part)?;

@@ -6,8 +6,8 @@ pub mod api;
 pub mod catalog;
 pub mod ingest;
 pub mod kind;
-pub mod npy;
 mod node;
+pub mod npy;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;

@@ -38,7 +38,7 @@ pub enum ControlError {
     Catalog(#[from] CatalogError),
     #[error("{0}")]
     Ingest(#[from] IngestError),
-    #[error("dataset {name:?} is {state:?}; {action} needs it {needed}")]
+    #[error("dataset {name:?} is {state}; {action} needs it {needed}")]
     State { name: String, state: DatasetState, action: &'static str, needed: &'static str },
     #[error("dataset {0:?} is busy with another ingest, seal or delete")]
     Busy(String),
@@ -285,9 +285,7 @@ impl ControlPlane {
             DatasetState::Sealed => return Ok(record),
             DatasetState::Ingesting => {}
             DatasetState::Creating => return Err(ControlError::Empty(name.into())),
-            state => {
-                return Err(ControlError::State { name: name.into(), state, action: "seal", needed: "ingesting" })
-            }
+            state => return Err(ControlError::State { name: name.into(), state, action: "seal", needed: "ingesting" }),
         }
         let crcs = self.catalog.chunk_crcs(record.id)?;
         let ns = self.namespace(&record)?;
@@ -341,7 +339,12 @@ impl ControlPlane {
         }
         let record = self.catalog.require(name)?;
         if record.state != DatasetState::Sealed {
-            return Err(ControlError::State { name: name.into(), state: record.state, action: "reading", needed: "sealed" });
+            return Err(ControlError::State {
+                name: name.into(),
+                state: record.state,
+                action: "reading",
+                needed: "sealed",
+            });
         }
         let view = DatasetView {
             namespace: self.namespace(&record)?,

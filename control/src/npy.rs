@@ -40,7 +40,11 @@ pub enum NpyError {
 /// are needed (up to [`HEADER_BYTES_MAX`]).
 pub fn parse_header(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
     if bytes.len() < 10 {
-        return if MAGIC.starts_with(&bytes[..bytes.len().min(6)]) { Err(NpyError::Truncated) } else { Err(NpyError::Magic) };
+        return if MAGIC.starts_with(&bytes[..bytes.len().min(6)]) {
+            Err(NpyError::Truncated)
+        } else {
+            Err(NpyError::Magic)
+        };
     }
     if &bytes[..6] != MAGIC {
         return Err(NpyError::Magic);
@@ -141,7 +145,11 @@ mod tests {
         assert_eq!(parsed.data_offset_bytes % 64, 0);
         assert_eq!(parsed.descr, "<u2");
         assert_eq!(parsed.data_len_bytes(), Some(2000));
-        let two_d = b"\x93NUMPY\x01\x00\x46\x00{'descr': '<u4', 'fortran_order': False, 'shape': (3, 5), }         \n";
+        let dict = "{'descr': '<u4', 'fortran_order': False, 'shape': (3, 5), }\n";
+        let mut two_d = b"\x93NUMPY\x01\x00".to_vec();
+        two_d.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        two_d.extend_from_slice(dict.as_bytes());
+        let two_d = two_d.as_slice();
         let parsed = parse_header(two_d).expect("2-D header");
         assert_eq!(parsed.shape, vec![3, 5]);
         assert_eq!(parsed.data_len_bytes(), Some(60));
@@ -154,8 +162,10 @@ mod tests {
         assert_eq!(parse_header(&header[..20]), Err(NpyError::Truncated));
         assert_eq!(parse_header(b"\x93NUM"), Err(NpyError::Truncated));
         assert_eq!(parse_header(b"PK\x03\x04 not numpy at all"), Err(NpyError::Magic));
-        let fortran = String::from_utf8_lossy(&header).replace("False", "True ");
-        assert_eq!(parse_header(fortran.as_bytes()), Err(NpyError::FortranOrder));
+        let at = header.windows(5).position(|w| w == b"False").expect("fortran_order");
+        let mut fortran = header.clone();
+        fortran[at..at + 5].copy_from_slice(b"True ");
+        assert_eq!(parse_header(&fortran), Err(NpyError::FortranOrder));
     }
 
     proptest! {

@@ -64,10 +64,7 @@ pub struct DatasetView {
 impl DatasetView {
     /// Whether `range` lies inside the dataset.
     pub fn contains(&self, range: ByteRange) -> bool {
-        range
-            .offset_bytes
-            .checked_add(u64::from(range.len_bytes))
-            .is_some_and(|end| end <= self.length_bytes)
+        range.offset_bytes.checked_add(u64::from(range.len_bytes)).is_some_and(|end| end <= self.length_bytes)
     }
 
     pub fn chunk_count(&self) -> u64 {

@@ -52,14 +52,14 @@ impl Arena {
     /// Maps `slot_count` slots of `slot_size_bytes`, hugepage-backed when the
     /// kernel has hugepages to give.
     pub fn new(slot_count: usize, slot_size_bytes: usize) -> Result<Self, ArenaError> {
-        if slot_size_bytes == 0 || slot_size_bytes % IO_ALIGN_BYTES != 0 {
+        if slot_size_bytes == 0 || !slot_size_bytes.is_multiple_of(IO_ALIGN_BYTES) {
             return Err(ArenaError::SlotSize(slot_size_bytes));
         }
         let len_bytes = slot_count.max(1) * slot_size_bytes;
         let len = NonZeroUsize::new(len_bytes).ok_or(ArenaError::SlotSize(0))?;
         let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
         let base_flags = MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE;
-        if len_bytes % HUGEPAGE_BYTES == 0 {
+        if len_bytes.is_multiple_of(HUGEPAGE_BYTES) {
             // SAFETY: an anonymous private mapping aliases no existing memory;
             // the kernel picks the address.
             let huge = unsafe { mmap_anonymous(None, len, prot, base_flags | MapFlags::MAP_HUGETLB) };

@@ -241,7 +241,8 @@ impl DataPlane {
                     }
                 })
                 .map_err(StartError::Thread)?;
-            let line = ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
+            let line =
+                ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
             let line = match line {
                 Ok(line) => line,
                 Err(err) => {
@@ -283,10 +284,10 @@ impl DataPlane {
     pub async fn attach(&self, view: Arc<DatasetView>) -> Result<DatasetSlot, SubmitError> {
         let slot = {
             let mut in_use = self.slots_in_use.lock().map_err(|_| SubmitError::Shutdown)?;
-            let free = in_use.iter().position(|used| !used).ok_or(SubmitError::TooLarge {
-                slots_needed: DATASET_SLOTS_MAX + 1,
-                capacity: DATASET_SLOTS_MAX,
-            })?;
+            let free = in_use
+                .iter()
+                .position(|used| !used)
+                .ok_or(SubmitError::TooLarge { slots_needed: DATASET_SLOTS_MAX + 1, capacity: DATASET_SLOTS_MAX })?;
             in_use[free] = true;
             DatasetSlot { index: free as u32, generation: self.next_generation.fetch_add(1, Ordering::Relaxed) }
         };
@@ -633,8 +634,7 @@ impl CoreEngine {
             if pieces.iter().any(|p| batch.unit_failed[p.unit as usize]) {
                 plan.statuses[range] = RangeStatus::IoError;
             } else if !bad_chunks.is_empty() {
-                let start = plan.units[pieces[0].unit as usize].offset_bytes
-                    + u64::from(pieces[0].unit_offset_bytes)
+                let start = plan.units[pieces[0].unit as usize].offset_bytes + u64::from(pieces[0].unit_offset_bytes)
                     - batch.view.base_offset_bytes;
                 let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
                 let (first_chunk, last_chunk) = (start / CHUNK_SIZE_BYTES, (start + len - 1) / CHUNK_SIZE_BYTES);
@@ -792,11 +792,13 @@ mod tests {
         let manifest = crcs(&data);
         ns.write_at(CHUNK_SIZE_BYTES + 5, &[0]).expect("corrupt");
         let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
-        let view = DatasetView { namespace: ns, base_offset_bytes: 0, length_bytes: data.len() as u64, chunk_crcs: manifest };
+        let view =
+            DatasetView { namespace: ns, base_offset_bytes: 0, length_bytes: data.len() as u64, chunk_crcs: manifest };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
             let whole = |c: u64| ByteRange { offset_bytes: c * CHUNK_SIZE_BYTES, len_bytes: CHUNK_SIZE_BYTES as u32 };
-            let ranges = vec![whole(0), whole(1), whole(2), ByteRange { offset_bytes: 3 * CHUNK_SIZE_BYTES, len_bytes: 10 }];
+            let ranges =
+                vec![whole(0), whole(1), whole(2), ByteRange { offset_bytes: 3 * CHUNK_SIZE_BYTES, len_bytes: 10 }];
             let result = plane.read(slot, ranges).await.expect("batch");
             assert_eq!(
                 result.statuses(),
@@ -815,7 +817,12 @@ mod tests {
         ns.write_at(0, &data).expect("write");
         let config = DataPlaneConfig { cores: 1, slots_per_core: 16, ..small_config() };
         let plane = Arc::new(DataPlane::start(Arc::new(MemDriver), config).expect("start"));
-        let view = DatasetView { namespace: ns, base_offset_bytes: 0, length_bytes: data.len() as u64, chunk_crcs: Arc::from([]) };
+        let view = DatasetView {
+            namespace: ns,
+            base_offset_bytes: 0,
+            length_bytes: data.len() as u64,
+            chunk_crcs: Arc::from([]),
+        };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
             let big = vec![ByteRange { offset_bytes: 0, len_bytes: 12 * 128 * 1024 }];

@@ -78,8 +78,8 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
     let block = u64::from(geometry.block_size_bytes);
     let unit_max = u64::from(geometry.unit_bytes_max);
     assert!(block.is_power_of_two() && block <= IO_ALIGN_BYTES as u64, "block size {block}");
-    assert!(unit_max % IO_ALIGN_BYTES as u64 == 0 && unit_max >= block, "unit size {unit_max}");
-    assert!(geometry.base_offset_bytes % block == 0, "dataset base not block-aligned");
+    assert!(unit_max.is_multiple_of(IO_ALIGN_BYTES as u64) && unit_max >= block, "unit size {unit_max}");
+    assert!(geometry.base_offset_bytes.is_multiple_of(block), "dataset base not block-aligned");
 
     let mut plan = BatchPlan {
         statuses: vec![RangeStatus::Ok; ranges.len()],
@@ -137,11 +137,7 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
                 let unit = first_unit + (within / unit_max) as u32;
                 let unit_offset = within % unit_max;
                 let len = (end - at).min(unit_max - unit_offset);
-                plan.pieces.push(Piece {
-                    unit,
-                    unit_offset_bytes: unit_offset as u32,
-                    len_bytes: len as u32,
-                });
+                plan.pieces.push(Piece { unit, unit_offset_bytes: unit_offset as u32, len_bytes: len as u32 });
                 at += len;
             }
             plan.range_pieces[index as usize] = (first_piece, plan.pieces.len() as u32 - first_piece);
@@ -187,12 +183,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn geometry(length_bytes: u64, block_size_bytes: u32) -> PlanGeometry {
-        PlanGeometry {
-            block_size_bytes,
-            unit_bytes_max: 128 * 1024,
-            base_offset_bytes: 0,
-            length_bytes,
-        }
+        PlanGeometry { block_size_bytes, unit_bytes_max: 128 * 1024, base_offset_bytes: 0, length_bytes }
     }
 
     fn range(offset_bytes: u64, len_bytes: u32) -> ByteRange {

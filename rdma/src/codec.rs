@@ -69,7 +69,12 @@ mod tests {
     fn round_trip() {
         let message = ControlMessage::Opened {
             handle: 3,
-            info: OpenInfo { kind: "tokens:u16".into(), length_bytes: 10, content_hash: "ab".into(), chunk_size_bytes: 65536 },
+            info: OpenInfo {
+                kind: "tokens:u16".into(),
+                length_bytes: 10,
+                content_hash: "ab".into(),
+                chunk_size_bytes: 65536,
+            },
         };
         assert_eq!(decode(&encode(&message).expect("encode")).expect("decode"), message);
     }

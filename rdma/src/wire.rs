@@ -21,8 +21,8 @@ pub const BATCH_FOOTPRINT_MAX_BYTES: u64 = 8 << 20;
 /// Largest control message.
 pub const CONTROL_PAYLOAD_MAX_BYTES: u32 = 64 * 1024;
 /// Largest request frame payload.
-pub const REQUEST_PAYLOAD_MAX_BYTES: u32 = BatchRequestHeader::SIZE as u32
-    + RANGES_PER_BATCH_MAX * RangeDescriptor::SIZE as u32;
+pub const REQUEST_PAYLOAD_MAX_BYTES: u32 =
+    BatchRequestHeader::SIZE as u32 + RANGES_PER_BATCH_MAX * RangeDescriptor::SIZE as u32;
 /// Largest response payload a client accepts: statuses plus at most every
 /// range's bytes, which the footprint budget bounds.
 pub const RESPONSE_PAYLOAD_MAX_BYTES: u64 =
@@ -157,7 +157,10 @@ pub fn frame_header(kind: FrameKind, payload_len: u32) -> FrameHeader {
 }
 
 /// Checks a frame header and the payload size its kind allows.
-pub fn parse_frame_header(bytes: &[u8; FrameHeader::SIZE], response_side: bool) -> Result<(FrameKind, u32), FrameError> {
+pub fn parse_frame_header(
+    bytes: &[u8; FrameHeader::SIZE],
+    response_side: bool,
+) -> Result<(FrameKind, u32), FrameError> {
     let header = FrameHeader::read_from_bytes(bytes).map_err(|_| FrameError::Short)?;
     if header.magic.get() != MAGIC {
         return Err(FrameError::BadMagic(header.magic.get()));
@@ -213,7 +216,13 @@ pub fn status_bytes_padded(range_count: u32) -> usize {
 
 /// Encodes the fixed part of a batch response (frame header, response
 /// header, padded statuses); the data follows it on the wire.
-pub fn encode_batch_response_head(out: &mut Vec<u8>, batch_id: u64, status: BatchStatus, statuses: &[u8], data_len: u64) {
+pub fn encode_batch_response_head(
+    out: &mut Vec<u8>,
+    batch_id: u64,
+    status: BatchStatus,
+    statuses: &[u8],
+    data_len: u64,
+) {
     let padded = status_bytes_padded(statuses.len() as u32);
     let payload_len = BatchResponseHeader::SIZE as u64 + padded as u64 + data_len;
     out.clear();

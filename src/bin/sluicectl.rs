@@ -65,10 +65,16 @@ enum DatasetCommand {
         format: Format,
     },
     /// Verify and freeze a dataset; it is served from then on.
-    Seal { name: String },
+    Seal {
+        name: String,
+    },
     Ls,
-    Stat { name: String },
-    Rm { name: String },
+    Stat {
+        name: String,
+    },
+    Rm {
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]

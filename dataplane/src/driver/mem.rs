@@ -7,8 +7,8 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 use super::{
-    BlockDriver, Completion, DriverError, DriverKind, IoTarget, Namespace, NamespaceGeometry,
-    NamespaceSpec, Queue, QueueFull, ReadIo,
+    BlockDriver, Completion, DriverError, DriverKind, IoTarget, Namespace, NamespaceGeometry, NamespaceSpec, Queue,
+    QueueFull, ReadIo,
 };
 use crate::dma::Arena;
 
@@ -68,9 +68,7 @@ impl Namespace for MemNamespace {
     fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         let bytes = self.store.bytes.read().map_err(|_| poisoned())?;
         let start = usize::try_from(offset_bytes).map_err(io::Error::other)?;
-        let src = bytes
-            .get(start..start + buf.len())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        let src = bytes.get(start..start + buf.len()).ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
         buf.copy_from_slice(src);
         Ok(())
     }

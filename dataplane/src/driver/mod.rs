@@ -46,7 +46,6 @@ pub enum IoMode {
     Buffered,
 }
 
-
 /// A namespace's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NamespaceGeometry {
@@ -134,6 +133,7 @@ pub struct ReadIo {
 
 /// A core's queue pair on one device. Owned by that core (`!Sync` through
 /// the raw pointers it holds); every call takes `&mut self`.
+#[expect(clippy::large_enum_variant, reason = "one per core, made once and never moved on the hot path")]
 pub enum Queue {
     Uring(UringQueue),
     Mem(MemQueue),

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 
 use super::{
-    BlockDriver, Completion, DriverError, DriverKind, IoMode, IoTarget, Namespace,
-    NamespaceGeometry, NamespaceSpec, Queue, QueueFull, ReadIo,
+    BlockDriver, Completion, DriverError, DriverKind, IoMode, IoTarget, Namespace, NamespaceGeometry, NamespaceSpec,
+    Queue, QueueFull, ReadIo,
 };
 use crate::dma::{Arena, IO_ALIGN_BYTES};
 
@@ -44,28 +44,21 @@ impl BlockDriver for UringDriver {
             return Err(DriverError::WrongSpec(spec.clone(), DriverKind::Uring));
         };
         let open_err = |source| DriverError::Open { what: path.display().to_string(), source };
-        let control = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(*create)
-            .truncate(false)
-            .open(path)
-            .map_err(open_err)?;
+        let control =
+            OpenOptions::new().read(true).write(true).create(*create).truncate(false).open(path).map_err(open_err)?;
         let (data, direct) = match self.io_mode {
             IoMode::Buffered => (control.try_clone().map_err(open_err)?, false),
-            IoMode::Direct => {
-                match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
-                    Ok(file) => (file, true),
-                    Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
-                        tracing::warn!(
-                            "{}: the filesystem refuses O_DIRECT; serving it through the page cache",
-                            path.display()
-                        );
-                        (control.try_clone().map_err(open_err)?, false)
-                    }
-                    Err(err) => return Err(open_err(err)),
+            IoMode::Direct => match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+                Ok(file) => (file, true),
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!(
+                        "{}: the filesystem refuses O_DIRECT; serving it through the page cache",
+                        path.display()
+                    );
+                    (control.try_clone().map_err(open_err)?, false)
                 }
-            }
+                Err(err) => return Err(open_err(err)),
+            },
         };
         Ok(Arc::new(FileNamespace { path: path.display().to_string(), control, data, direct }))
     }
@@ -196,15 +189,13 @@ impl UringQueue {
             (true, true) => opcode::ReadFixed::new(types::Fixed(io.namespace_index), io.buf, io.len_bytes, 0)
                 .offset(io.offset_bytes)
                 .build(),
-            (false, true) => opcode::ReadFixed::new(types::Fd(fd), io.buf, io.len_bytes, 0)
-                .offset(io.offset_bytes)
-                .build(),
+            (false, true) => {
+                opcode::ReadFixed::new(types::Fd(fd), io.buf, io.len_bytes, 0).offset(io.offset_bytes).build()
+            }
             (true, false) => opcode::Read::new(types::Fixed(io.namespace_index), io.buf, io.len_bytes)
                 .offset(io.offset_bytes)
                 .build(),
-            (false, false) => opcode::Read::new(types::Fd(fd), io.buf, io.len_bytes)
-                .offset(io.offset_bytes)
-                .build(),
+            (false, false) => opcode::Read::new(types::Fd(fd), io.buf, io.len_bytes).offset(io.offset_bytes).build(),
         };
         let entry = entry.user_data(io.tag);
         // SAFETY: the buffer stays valid and untouched until this tag's

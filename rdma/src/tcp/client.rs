@@ -285,7 +285,8 @@ async fn read_response(
     let mut decoded = Vec::with_capacity(range_count as usize);
     let mut expected = 0u64;
     for (index, &byte) in statuses[..range_count as usize].iter().enumerate() {
-        let status = RangeStatus::from_u8(byte).ok_or_else(|| TransportError::Protocol(format!("range status {byte}")))?;
+        let status =
+            RangeStatus::from_u8(byte).ok_or_else(|| TransportError::Protocol(format!("range status {byte}")))?;
         if status == RangeStatus::Ok {
             expected += u64::from(pending.dests[index].1);
         }

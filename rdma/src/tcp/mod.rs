@@ -37,7 +37,8 @@ fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;
     let payload = crate::codec::encode(message).unwrap_or_default();
     let mut frame = Vec::with_capacity(crate::wire::FrameHeader::SIZE + payload.len());
-    frame.extend_from_slice(crate::wire::frame_header(crate::wire::FrameKind::Control, payload.len() as u32).as_bytes());
+    frame
+        .extend_from_slice(crate::wire::frame_header(crate::wire::FrameKind::Control, payload.len() as u32).as_bytes());
     frame.extend_from_slice(&payload);
     frame
 }

@@ -222,7 +222,8 @@ impl<R: DatasetResolver> Connection<R> {
                     let range_count = request.range_count.get();
                     let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
                     let Some(&slot) = handles.get(&request.handle.get()) else {
-                        let failed = Outgoing::Failed { batch_id, range_count, status: BatchStatus::UnknownHandle, permit };
+                        let failed =
+                            Outgoing::Failed { batch_id, range_count, status: BatchStatus::UnknownHandle, permit };
                         out.send(failed).await.map_err(|_| closed())?;
                         continue;
                     };
@@ -247,9 +248,8 @@ fn closed() -> Fatal {
     Fatal::Io(std::io::ErrorKind::BrokenPipe.into())
 }
 
-type Pending = std::pin::Pin<
-    Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>,
->;
+type Pending =
+    std::pin::Pin<Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>>;
 
 /// Writes control replies in order and batch responses as they complete.
 async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>, timeout: Duration, peer: SocketAddr) {

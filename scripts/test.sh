@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The one test entry point: installs every Debian package and tool the tests
+# need, then runs the whole suite. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+echo "== installing packages"
+$SUDO apt-get update -q
+# gcc/make/pkg-config: C parts of dependencies (blake3, io-uring's build).
+# fio: the device-limit peer of `sluicectl bench read` (README benchmark).
+$SUDO apt-get install -y -q --no-install-recommends \
+    build-essential pkg-config ca-certificates fio
+
+echo "== toolchain"
+cargo --version
+rustc --version
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+
+echo "== format"
+cargo fmt --all -- --check
+
+echo "== lint"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== tests"
+cargo test --workspace --no-fail-fast
