@@ -36,8 +36,8 @@ sluice_iops() { # batch inflight
     "$BIN/sluicectl" bench read bench --size 4096 --batch "$1" --inflight "$2" --seconds "$SECONDS_EACH" --json |
         sed 's/.*"iops":\([0-9.]*\).*/\1/'
 }
-fio_iops() { # direct qd
-    fio --name=peer --filename="$NS" --ioengine=io_uring --direct="$1" --rw=randread --bs=4k \
+fio_iops() { # direct qd  (invalidate=0: keep the warmed page cache in buffered mode)
+    fio --name=peer --filename="$NS" --ioengine=io_uring --direct="$1" --invalidate=0 --rw=randread --bs=4k \
         --iodepth="$2" --numjobs=1 --time_based --runtime="$SECONDS_EACH" --size="${SIZE_MIB}M" \
         --output-format=json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["iops"])'
 }
@@ -51,6 +51,7 @@ row() { # mode direct batch inflight
     printf '| %s | %d | %.0f (%d x %d) | %.0f | %.2f |\n' "$1" "$qd" "$s" "$3" "$4" "$f" "$(python3 -c "print($s/$f)")"
 }
 row O_DIRECT 1 32 1
+row O_DIRECT 1 8 4
 row O_DIRECT 1 32 2
 row O_DIRECT 1 64 4
 stop_node
@@ -58,5 +59,5 @@ start_node buffered
 # Warm the page cache so both sides read from memory.
 cat "$NS" >/dev/null
 row "page cache" 0 32 1
-row "page cache" 0 32 2
+row "page cache" 0 64 4
 stop_node

@@ -14,6 +14,8 @@
 //! ```
 
 pub mod blocking;
+pub mod loader;
+pub mod sampler;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -46,6 +46,22 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// List (and dump) the exact samples of one training step from a saved
+    /// sampler state: the record-of-death workflow.
+    Replay {
+        /// Sampler state saved by a loader (binary or JSON).
+        #[arg(long)]
+        state: PathBuf,
+        /// Global step, counted from the start of training.
+        #[arg(long)]
+        step: u64,
+        /// Overrides the global batch size recorded in the state.
+        #[arg(long)]
+        global_batch: Option<u64>,
+        /// Write each sample's bytes to DIR/step<K>-<position>.bin.
+        #[arg(long)]
+        dump: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -124,6 +140,9 @@ fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
+        Command::Replay { state, step, global_batch, dump } => {
+            replay(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
+        }
         Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align }) => {
             let params = BenchParams {
                 size_bytes: *size,
@@ -389,4 +408,86 @@ fn bench_read(api: &Api, name: &str, params: BenchParams, json: bool) -> Result<
         }
         Ok(())
     })
+}
+
+fn replay(
+    api: &Api,
+    state_path: &Path,
+    step: u64,
+    global_batch: Option<u64>,
+    dump: Option<&Path>,
+    json: bool,
+) -> Result<()> {
+    use sluice_client::loader::replay_step;
+    use sluice_client::sampler::SamplerState;
+    let bytes = std::fs::read(state_path).map_err(|e| format!("{}: {e}", state_path.display()))?;
+    let mut state = SamplerState::from_bytes(&bytes).map_err(|e| format!("{}: {e}", state_path.display()))?;
+    if let Some(batch) = global_batch {
+        state.global_batch = batch.max(1);
+    }
+    let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
+    let record = records
+        .iter()
+        .find(|r| r.content_hash.as_deref() == Some(state.content_hash.as_str()))
+        .ok_or_else(|| format!("no sealed dataset on this node has content hash {}", state.content_hash))?;
+    let samples = replay_step(&state, step).map_err(|e| e.to_string())?;
+    let name = record.name.clone();
+    let data = runtime()?.block_on(async {
+        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let dataset = client.open(&name).await.map_err(|e| e.to_string())?;
+        let ranges: Vec<ReadRange> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ReadRange {
+                offset: s.byte_offset,
+                len: s.len_bytes,
+                dest: i as u64 * u64::from(s.len_bytes),
+            })
+            .collect();
+        let mut buf = vec![0u8; samples.iter().map(|s| s.len_bytes as usize).sum()];
+        let statuses = dataset.read_batch(&ranges, &mut buf).await.map_err(|e| e.to_string())?;
+        if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
+            return Err(format!("sample {bad}: {}", statuses[bad].name()));
+        }
+        Ok::<Vec<u8>, String>(buf)
+    })?;
+    if let Some(dir) = dump {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut rows = Vec::with_capacity(samples.len());
+    for (i, sample) in samples.iter().enumerate() {
+        let len = sample.len_bytes as usize;
+        let bytes = &data[i * len..(i + 1) * len];
+        let crc = crc32c::crc32c(bytes);
+        if let Some(dir) = dump {
+            let path = dir.join(format!("step{step}-{:05}.bin", sample.position));
+            std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        rows.push((sample, crc));
+    }
+    if json {
+        let out: Vec<Value> = rows
+            .iter()
+            .map(|(s, crc)| {
+                let mut v = serde_json::to_value(s).unwrap_or_default();
+                v["crc32c"] = Value::from(*crc);
+                v["dataset"] = Value::from(name.as_str());
+                v
+            })
+            .collect();
+        println!("{}", Value::Array(out));
+    } else {
+        println!("dataset {name} ({}), step {step}, global batch {}", state.content_hash, state.global_batch);
+        println!(
+            "{:>8} {:>14} {:>6} {:>14} {:>16} {:>10}",
+            "POSITION", "GLOBAL_SAMPLE", "EPOCH", "TOKEN_START", "BYTE_OFFSET", "CRC32C"
+        );
+        for (s, crc) in rows {
+            println!(
+                "{:>8} {:>14} {:>6} {:>14} {:>16}   {crc:#010x}",
+                s.position, s.global_sample, s.epoch, s.token_start, s.byte_offset
+            );
+        }
+    }
+    Ok(())
 }

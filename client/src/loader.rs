@@ -1,0 +1,237 @@
+//! The window loader a training loop iterates: each step it yields this
+//! rank's slice of the global batch as one contiguous `(batch, window)`
+//! token array, with `prefetch` steps already in flight so the loop never
+//! waits on I/O it could have issued earlier.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use crate::sampler::{rank_slice, window_domain, IndexSampler, SamplerError, SamplerKind, SamplerState};
+use crate::{ClientError, Dataset, RangeStatus, ReadRange};
+
+/// Most steps a loader keeps in flight.
+pub const PREFETCH_MAX: usize = 64;
+
+#[derive(Clone, Debug)]
+pub struct WindowLoaderConfig {
+    pub window_tokens: u32,
+    /// Samples per step over all ranks; a multiple of `world`.
+    pub global_batch: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub seed: u64,
+    /// Samples per epoch; `None` takes one per `window_tokens` tokens.
+    pub samples_per_epoch: Option<u64>,
+    /// Steps read ahead.
+    pub prefetch: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    #[error("{0}")]
+    Sampler(#[from] SamplerError),
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    #[error("dataset kind {0} has no tokens to window")]
+    Kind(String),
+    #[error("the state is for dataset {state}, this dataset is {dataset}")]
+    WrongDataset { state: String, dataset: String },
+    #[error("the state is not a window sampler state")]
+    WrongSampler,
+    #[error("step {step}: sample at token {start} failed: {status}")]
+    Read { step: u64, start: u64, status: &'static str },
+    #[error("prefetch task failed: {0}")]
+    Task(String),
+}
+
+/// One step's tokens for one rank.
+#[derive(Clone, Debug)]
+pub struct TokenBatch {
+    pub step: u64,
+    /// Token offset of each window, in batch order.
+    pub starts: Vec<u64>,
+    /// `starts.len() * window_tokens` little-endian tokens, row-major.
+    pub data: Vec<u8>,
+    pub window_tokens: u32,
+    pub token_bytes: u32,
+}
+
+fn token_bytes(kind: &str) -> Result<u32, LoaderError> {
+    match kind {
+        "tokens:u16" => Ok(2),
+        "tokens:u32" => Ok(4),
+        "bytes" => Ok(1),
+        other => Err(LoaderError::Kind(other.to_string())),
+    }
+}
+
+pub struct WindowLoader {
+    dataset: Arc<Dataset>,
+    sampler: IndexSampler,
+    state: SamplerState,
+    rank: u32,
+    world: u32,
+    prefetch: usize,
+    next_issue_step: u64,
+    in_flight: VecDeque<JoinHandle<Result<TokenBatch, LoaderError>>>,
+}
+
+impl WindowLoader {
+    /// A loader starting at step 0 of epoch 0.
+    pub fn new(dataset: Arc<Dataset>, config: &WindowLoaderConfig) -> Result<Self, LoaderError> {
+        let token_bytes = token_bytes(&dataset.info().kind)?;
+        let tokens = dataset.len_bytes() / u64::from(token_bytes);
+        let window = u64::from(config.window_tokens);
+        let domain = window_domain(tokens, window)?;
+        let samples_per_epoch = config.samples_per_epoch.unwrap_or((tokens / window).max(1)).min(domain);
+        let state = SamplerState {
+            content_hash: dataset.info().content_hash.clone(),
+            kind: SamplerKind::Window,
+            element_bytes: token_bytes,
+            domain_len: tokens,
+            window: config.window_tokens,
+            samples_per_epoch,
+            seed: config.seed,
+            global_batch: config.global_batch,
+            epoch: 0,
+            next_sample: 0,
+        };
+        Self::from_state(dataset, state, config.rank, config.world, config.prefetch)
+    }
+
+    /// A loader that continues exactly where `state` was saved, possibly at
+    /// another world size.
+    pub fn from_state(
+        dataset: Arc<Dataset>,
+        state: SamplerState,
+        rank: u32,
+        world: u32,
+        prefetch: usize,
+    ) -> Result<Self, LoaderError> {
+        if state.kind != SamplerKind::Window {
+            return Err(LoaderError::WrongSampler);
+        }
+        if state.content_hash != dataset.info().content_hash {
+            return Err(LoaderError::WrongDataset {
+                state: state.content_hash.clone(),
+                dataset: dataset.info().content_hash.clone(),
+            });
+        }
+        rank_slice(0, state.global_batch, rank, world)?;
+        let domain = window_domain(state.domain_len, u64::from(state.window))?;
+        let sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
+        let next_issue_step = state.step();
+        Ok(Self {
+            dataset,
+            sampler,
+            state,
+            rank,
+            world,
+            prefetch: prefetch.clamp(1, PREFETCH_MAX),
+            next_issue_step,
+            in_flight: VecDeque::new(),
+        })
+    }
+
+    /// The state after the last batch returned: saving it and building a
+    /// loader from it yields the next batch next.
+    pub fn state(&self) -> SamplerState {
+        self.state.clone()
+    }
+
+    /// Token starts of this rank's part of `step`.
+    pub fn starts_of_step(&mut self, step: u64) -> Result<Vec<u64>, LoaderError> {
+        let slice = rank_slice(step, self.state.global_batch, self.rank, self.world)?;
+        Ok(slice.map(|g| self.sampler.index(g)).collect())
+    }
+
+    fn issue(&mut self) -> Result<(), LoaderError> {
+        let step = self.next_issue_step;
+        let starts = self.starts_of_step(step)?;
+        let token_bytes = self.state.element_bytes;
+        let window_tokens = self.state.window;
+        let len = window_tokens * token_bytes;
+        let dataset = Arc::clone(&self.dataset);
+        self.in_flight.push_back(tokio::spawn(async move {
+            let ranges: Vec<ReadRange> = starts
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| ReadRange { offset: s * u64::from(token_bytes), len, dest: i as u64 * u64::from(len) })
+                .collect();
+            let mut data = vec![0u8; ranges.len() * len as usize];
+            let statuses = dataset.read_batch(&ranges, &mut data).await?;
+            if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
+                return Err(LoaderError::Read { step, start: starts[bad], status: statuses[bad].name() });
+            }
+            Ok(TokenBatch { step, starts, data, window_tokens, token_bytes })
+        }));
+        self.next_issue_step += 1;
+        Ok(())
+    }
+
+    /// The next step's batch. Keeps `prefetch` steps in flight.
+    pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
+        while self.in_flight.len() < self.prefetch {
+            self.issue()?;
+        }
+        let task = self.in_flight.pop_front().expect("at least one step in flight");
+        let batch = task.await.map_err(|e| LoaderError::Task(e.to_string()))??;
+        self.state.next_sample = (batch.step + 1) * self.state.global_batch;
+        self.state.epoch = self.state.next_sample / self.state.samples_per_epoch;
+        Ok(batch)
+    }
+}
+
+impl Drop for WindowLoader {
+    fn drop(&mut self) {
+        for task in &self.in_flight {
+            task.abort();
+        }
+    }
+}
+
+/// One sample of a replayed step.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReplaySample {
+    pub step: u64,
+    pub position: u64,
+    pub global_sample: u64,
+    pub epoch: u64,
+    pub token_start: u64,
+    pub byte_offset: u64,
+    pub len_bytes: u32,
+}
+
+/// The samples of global step `step` of the sequence `state` describes,
+/// in global batch order (rank 0's slice first): the record-of-death
+/// workflow.
+pub fn replay_step(state: &SamplerState, step: u64) -> Result<Vec<ReplaySample>, LoaderError> {
+    let domain = match state.kind {
+        SamplerKind::Window => window_domain(state.domain_len, u64::from(state.window))?,
+        SamplerKind::Record => state.domain_len,
+    };
+    let mut sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
+    let slice = rank_slice(step, state.global_batch, 0, 1)?;
+    let sample_bytes = state.window * state.element_bytes;
+    Ok(slice
+        .enumerate()
+        .map(|(position, global)| {
+            let index = sampler.index(global);
+            let byte_offset = match state.kind {
+                SamplerKind::Window => index * u64::from(state.element_bytes),
+                SamplerKind::Record => index * u64::from(sample_bytes),
+            };
+            ReplaySample {
+                step,
+                position: position as u64,
+                global_sample: global,
+                epoch: global / state.samples_per_epoch,
+                token_start: index,
+                byte_offset,
+                len_bytes: sample_bytes,
+            }
+        })
+        .collect())
+}
