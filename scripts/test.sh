@@ -12,8 +12,9 @@ echo "== installing packages"
 $SUDO apt-get update -q
 # gcc/make/pkg-config: C parts of dependencies (blake3, io-uring's build).
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
+# python3 + venv + pip: the `sluice` Python package and its pytest suite.
 $SUDO apt-get install -y -q --no-install-recommends \
-    build-essential pkg-config ca-certificates fio
+    build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip
 
 echo "== toolchain"
 cargo --version
@@ -30,3 +31,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== tests"
 cargo test --workspace --no-fail-fast
+
+echo "== python package"
+# A virtual environment keeps the install off the system Python. maturin
+# builds the extension; the tests start the sluiced that cargo test built.
+python3 -m venv target/pyenv
+target/pyenv/bin/python -m pip install -q --upgrade pip
+target/pyenv/bin/python -m pip install -q ./client/python pytest
+SLUICE_BIN_DIR="$PWD/target/debug" target/pyenv/bin/python -m pytest -q client/python/tests

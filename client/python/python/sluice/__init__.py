@@ -1,0 +1,125 @@
+"""sluice: read training data from sluice storage nodes.
+
+    >>> import sluice
+    >>> client = sluice.connect("http://127.0.0.1:7070")
+    >>> ds = client.open("wiki-tokens")
+    >>> loader = sluice.WindowLoader(ds, window=1024, batch_size=8, seed=0)
+    >>> batch = next(iter(loader))          # numpy array of shape (8, 1024)
+    >>> saved = loader.state_dict()         # resume exactly with load_state_dict
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _native
+
+__all__ = ["connect", "Client", "Dataset", "WindowLoader"]
+
+_DTYPES = {1: np.uint8, 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+class Dataset:
+    """An open, sealed dataset."""
+
+    def __init__(self, native: "_native.Dataset"):
+        self._native = native
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def kind(self) -> str:
+        return self._native.kind
+
+    @property
+    def length_bytes(self) -> int:
+        return self._native.length_bytes
+
+    @property
+    def content_hash(self) -> str:
+        return self._native.content_hash
+
+    def read_batch(self, ranges: Iterable[Tuple[int, int]]) -> np.ndarray:
+        """Reads ``(offset, len)`` byte ranges in one batch and returns their
+        bytes concatenated, as a 1-D ``uint8`` array."""
+        data = self._native.read_batch([(int(o), int(n)) for o, n in ranges])
+        return np.frombuffer(data, dtype=np.uint8)
+
+
+class Client:
+    """A connection to one node; ``endpoint`` is its control API URL."""
+
+    def __init__(self, endpoint: str):
+        self._native = _native.Client(endpoint)
+
+    @property
+    def transport(self) -> str:
+        return self._native.transport
+
+    def open(self, name: str, verify_chunks: bool = False) -> Dataset:
+        return Dataset(self._native.open(name, verify_chunks))
+
+
+def connect(endpoint: str) -> Client:
+    """Connects to the node whose control API is at ``endpoint``
+    (``http://HOST:PORT``, as ``sluicectl --endpoint``)."""
+    return Client(endpoint)
+
+
+class WindowLoader:
+    """Random windows of ``window`` consecutive tokens, ``batch_size`` per
+    step for this rank, in a deterministic order fixed by ``seed`` that does
+    not depend on ``world_size``: rank ``r`` of ``world_size`` takes its
+    slice of each global batch of ``batch_size * world_size`` windows.
+    ``prefetch`` steps are read ahead. Yields ``(batch_size, window)``
+    arrays of the dataset's token dtype.
+
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position
+    exactly, also at another world size (the saved global batch is kept).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        window: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 4,
+        samples_per_epoch: Optional[int] = None,
+    ):
+        self.dataset = dataset
+        self._native = _native.WindowLoader(
+            dataset._native, window, batch_size, seed, rank, world_size, prefetch, samples_per_epoch
+        )
+        self._dtype = _DTYPES[self._native.token_bytes]
+        self.step: Optional[int] = None
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        step, data, rows = self._native.next_batch()
+        self.step = step
+        return np.frombuffer(data, dtype=self._dtype).reshape(rows, self._native.window)
+
+    @property
+    def last_starts(self) -> Sequence[int]:
+        """Token offsets of the windows of the last batch, in row order."""
+        return self._native.last_starts
+
+    def state_dict(self) -> dict:
+        return json.loads(self._native.state_json())
+
+    def load_state_dict(self, state: dict) -> None:
+        self._native.load_state_json(json.dumps(state))
+
+    def state_bytes(self) -> bytes:
+        """The state in its 92-byte binary form (``sluicectl replay --state``)."""
+        return self._native.state_bytes()

@@ -1,0 +1,67 @@
+"""Fixtures: a real sluiced on loopback ports with a sealed token dataset."""
+
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+BIN = pathlib.Path(os.environ.get("SLUICE_BIN_DIR", ROOT / "target" / "debug"))
+
+
+def _binary(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: build it with `cargo build --bin {name}` or set SLUICE_BIN_DIR")
+    return str(path)
+
+
+class Node:
+    def __init__(self, workdir: pathlib.Path):
+        self.proc = subprocess.Popen(
+            [_binary("sluiced"), "--data-dir", str(workdir / "node"), "--listen", "127.0.0.1:0",
+             "--control", "127.0.0.1:0", "--cores", "2"],
+            stdout=subprocess.PIPE, text=True, env={**os.environ, "SLUICE_LOG": "warn"},
+        )
+        self.endpoint = None
+        for line in self.proc.stdout:
+            match = re.match(r"sluiced: control API on (\S+)", line)
+            if match:
+                self.endpoint = match.group(1)
+            if line.startswith("sluiced: data plane"):
+                break
+        assert self.endpoint, "sluiced did not announce its control API"
+
+    def ctl(self, *args: str) -> str:
+        out = subprocess.run([_binary("sluicectl"), "--endpoint", self.endpoint, *args],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def tokens():
+    rng = np.random.default_rng(5)
+    return rng.integers(0, 50_257, size=1_000_000, dtype=np.uint16)
+
+
+@pytest.fixture(scope="session")
+def node(tokens):
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = pathlib.Path(tmp)
+        node = Node(workdir)
+        path = workdir / "tokens.npy"
+        np.save(path, tokens)
+        node.ctl("dataset", "create", "toks", "--kind", "tokens:u16")
+        node.ctl("dataset", "ingest", "toks", str(path))
+        node.ctl("dataset", "seal", "toks")
+        yield node
+        node.stop()
