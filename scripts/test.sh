@@ -25,9 +25,11 @@ fi
 
 echo "== format"
 cargo fmt --all -- --check
+cargo fmt --manifest-path client/python/Cargo.toml -- --check
 
 echo "== lint"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 
 echo "== tests"
 cargo test --workspace --no-fail-fast

@@ -251,3 +251,18 @@ fn bad_npy_ingest_is_refused_and_changes_nothing() {
         serde_json::from_str(&node.ctl_ok(&["dataset", "stat", "toks", "--json"])).expect("json");
     assert_eq!(stat["length_bytes"], 2000);
 }
+
+/// An upload the node refuses (here: into a sealed dataset) gets the error
+/// in the response, not a connection reset mid-send.
+#[test]
+fn refused_upload_gets_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, _) = node_with_dataset(dir.path(), 1000);
+    let url = format!("{}/v1/datasets/data/ingest", node.endpoint);
+    let err = ureq::post(&url).send_bytes(&vec![0u8; 8 << 20]).expect_err("sealed datasets take no more files");
+    let ureq::Error::Status(code, response) = err else { panic!("expected an HTTP error, got {err}") };
+    assert_eq!(code, 409);
+    let body: serde_json::Value = response.into_json().expect("json error");
+    assert_eq!(body["error"]["code"], "wrong_state");
+    assert!(body["error"]["message"].as_str().expect("message").contains("sealed"));
+}

@@ -118,8 +118,8 @@ async fn elastic_resume_and_replay() {
     }
 
     // Replay, from the library and from the CLI.
-    let replayed = replay_step(&state, 77).expect("replay");
-    let starts: Vec<u64> = replayed.iter().map(|s| s.token_start).collect();
+    let replayed = replay_step(&state, 77, None).expect("replay");
+    let starts: Vec<u64> = replayed.iter().map(|s| s.index).collect();
     assert_eq!(starts, global[77].0);
     let state_path = dir.path().join("state.json");
     std::fs::write(&state_path, state.to_json().expect("json")).expect("write state");
@@ -139,7 +139,7 @@ async fn elastic_resume_and_replay() {
     assert_eq!(rows.len() as u64, GLOBAL_BATCH);
     for (i, row) in rows.iter().enumerate() {
         let start = global[77].0[i];
-        assert_eq!(row["token_start"], start);
+        assert_eq!(row["index"], start);
         let bytes = &tokens[start as usize * 2..start as usize * 2 + WINDOW as usize * 2];
         assert_eq!(row["crc32c"], crc32c::crc32c(bytes));
         assert_eq!(row["dataset"], "toks");

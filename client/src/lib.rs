@@ -149,7 +149,14 @@ impl Client {
         } else {
             None
         };
-        Ok(Dataset { transport: Arc::clone(&self.transport), handle, info, chunk_crcs })
+        Ok(Dataset {
+            transport: Arc::clone(&self.transport),
+            handle,
+            info,
+            chunk_crcs,
+            endpoint: self.endpoint.clone(),
+            name: name.to_string(),
+        })
     }
 }
 
@@ -159,6 +166,8 @@ pub struct Dataset {
     handle: u32,
     info: OpenInfo,
     chunk_crcs: Option<Arc<[u32]>>,
+    endpoint: String,
+    name: String,
 }
 
 impl Dataset {
@@ -168,6 +177,32 @@ impl Dataset {
 
     pub fn len_bytes(&self) -> u64 {
         self.info.length_bytes
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
+    /// from the control API (16 bytes per sample, held by the caller).
+    pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
+        let endpoint = self.endpoint.clone();
+        let path = format!("/v1/datasets/{}/index", self.name);
+        let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut http_get(&endpoint, &path)?.into_reader(), &mut bytes)
+                .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })?;
+            Ok(bytes)
+        })
+        .await
+        .map_err(|e| ClientError::Control { endpoint: self.endpoint.clone(), message: e.to_string() })??;
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|e| {
+                let word = |at: usize| u64::from_le_bytes(e[at..at + 8].try_into().unwrap_or([0; 8]));
+                (word(0), word(8))
+            })
+            .collect())
     }
 
     /// Reads every range into `buf` at its `dest`, in as few round trips as

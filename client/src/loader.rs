@@ -44,6 +44,8 @@ pub enum LoaderError {
     Read { step: u64, start: u64, status: &'static str },
     #[error("prefetch task failed: {0}")]
     Task(String),
+    #[error("record {index} is not in the dataset's index of {records} records")]
+    Index { index: u64, records: u64 },
 }
 
 /// One step's tokens for one rank.
@@ -199,39 +201,198 @@ pub struct ReplaySample {
     pub position: u64,
     pub global_sample: u64,
     pub epoch: u64,
-    pub token_start: u64,
+    /// Token start (windows) or record number (records).
+    pub index: u64,
     pub byte_offset: u64,
-    pub len_bytes: u32,
+    pub len_bytes: u64,
 }
 
 /// The samples of global step `step` of the sequence `state` describes,
 /// in global batch order (rank 0's slice first): the record-of-death
-/// workflow.
-pub fn replay_step(state: &SamplerState, step: u64) -> Result<Vec<ReplaySample>, LoaderError> {
+/// workflow. Record samplers need the dataset's record index.
+pub fn replay_step(
+    state: &SamplerState,
+    step: u64,
+    record_index: Option<&[(u64, u64)]>,
+) -> Result<Vec<ReplaySample>, LoaderError> {
     let domain = match state.kind {
         SamplerKind::Window => window_domain(state.domain_len, u64::from(state.window))?,
         SamplerKind::Record => state.domain_len,
     };
     let mut sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
     let slice = rank_slice(step, state.global_batch, 0, 1)?;
-    let sample_bytes = state.window * state.element_bytes;
-    Ok(slice
-        .enumerate()
-        .map(|(position, global)| {
-            let index = sampler.index(global);
-            let byte_offset = match state.kind {
-                SamplerKind::Window => index * u64::from(state.element_bytes),
-                SamplerKind::Record => index * u64::from(sample_bytes),
-            };
-            ReplaySample {
-                step,
-                position: position as u64,
-                global_sample: global,
-                epoch: global / state.samples_per_epoch,
-                token_start: index,
-                byte_offset,
-                len_bytes: sample_bytes,
+    let window_bytes = u64::from(state.window) * u64::from(state.element_bytes);
+    let mut out = Vec::with_capacity(state.global_batch as usize);
+    for (position, global) in slice.enumerate() {
+        let index = sampler.index(global);
+        let (byte_offset, len_bytes) = match (state.kind, record_index) {
+            (SamplerKind::Window, _) => (index * u64::from(state.element_bytes), window_bytes),
+            (SamplerKind::Record, Some(entries)) => {
+                *entries.get(index as usize).ok_or(LoaderError::Index { index, records: entries.len() as u64 })?
             }
+            (SamplerKind::Record, None) => return Err(LoaderError::Index { index, records: 0 }),
+        };
+        out.push(ReplaySample {
+            step,
+            position: position as u64,
+            global_sample: global,
+            epoch: global / state.samples_per_epoch,
+            index,
+            byte_offset,
+            len_bytes,
+        });
+    }
+    Ok(out)
+}
+
+/// Configuration of a [`RecordLoader`].
+#[derive(Clone, Debug)]
+pub struct RecordLoaderConfig {
+    pub global_batch: u64,
+    pub rank: u32,
+    pub world: u32,
+    pub seed: u64,
+    /// Samples per epoch; `None` takes every record once.
+    pub samples_per_epoch: Option<u64>,
+    pub prefetch: usize,
+}
+
+/// One step's records for one rank, concatenated.
+#[derive(Clone, Debug)]
+pub struct RecordBatch {
+    pub step: u64,
+    /// Record numbers, in batch order.
+    pub records: Vec<u64>,
+    pub data: Vec<u8>,
+    /// `records.len() + 1` offsets of each record's bytes in `data`.
+    pub offsets: Vec<usize>,
+}
+
+impl RecordBatch {
+    pub fn sample(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i]..self.offsets[i + 1]]
+    }
+}
+
+/// Shuffled records of a `records` or `wds` dataset with the same keyed
+/// bijection, state and prefetch as the [`WindowLoader`]: one batch read
+/// per step, whatever the records' sizes.
+pub struct RecordLoader {
+    dataset: Arc<Dataset>,
+    index: Arc<[(u64, u64)]>,
+    sampler: IndexSampler,
+    state: SamplerState,
+    rank: u32,
+    world: u32,
+    prefetch: usize,
+    next_issue_step: u64,
+    in_flight: VecDeque<JoinHandle<Result<RecordBatch, LoaderError>>>,
+}
+
+impl RecordLoader {
+    /// A loader at step 0; `index` is the dataset's record index.
+    pub fn new(
+        dataset: Arc<Dataset>,
+        index: Arc<[(u64, u64)]>,
+        config: &RecordLoaderConfig,
+    ) -> Result<Self, LoaderError> {
+        let records = index.len() as u64;
+        let state = SamplerState {
+            content_hash: dataset.info().content_hash.clone(),
+            kind: SamplerKind::Record,
+            element_bytes: 1,
+            domain_len: records,
+            window: 1,
+            samples_per_epoch: config.samples_per_epoch.unwrap_or(records).min(records),
+            seed: config.seed,
+            global_batch: config.global_batch,
+            epoch: 0,
+            next_sample: 0,
+        };
+        Self::from_state(dataset, index, state, config.rank, config.world, config.prefetch)
+    }
+
+    pub fn from_state(
+        dataset: Arc<Dataset>,
+        index: Arc<[(u64, u64)]>,
+        state: SamplerState,
+        rank: u32,
+        world: u32,
+        prefetch: usize,
+    ) -> Result<Self, LoaderError> {
+        if state.kind != SamplerKind::Record {
+            return Err(LoaderError::WrongSampler);
+        }
+        if state.content_hash != dataset.info().content_hash || state.domain_len != index.len() as u64 {
+            return Err(LoaderError::WrongDataset {
+                state: state.content_hash.clone(),
+                dataset: dataset.info().content_hash.clone(),
+            });
+        }
+        rank_slice(0, state.global_batch, rank, world)?;
+        let sampler = IndexSampler::new(state.domain_len, state.samples_per_epoch, state.seed)?;
+        let next_issue_step = state.step();
+        Ok(Self {
+            dataset,
+            index,
+            sampler,
+            state,
+            rank,
+            world,
+            prefetch: prefetch.clamp(1, PREFETCH_MAX),
+            next_issue_step,
+            in_flight: VecDeque::new(),
         })
-        .collect())
+    }
+
+    pub fn state(&self) -> SamplerState {
+        self.state.clone()
+    }
+
+    fn issue(&mut self) -> Result<(), LoaderError> {
+        let step = self.next_issue_step;
+        let slice = rank_slice(step, self.state.global_batch, self.rank, self.world)?;
+        let records: Vec<u64> = slice.map(|g| self.sampler.index(g)).collect();
+        let mut ranges = Vec::with_capacity(records.len());
+        let mut offsets = Vec::with_capacity(records.len() + 1);
+        let mut dest = 0u64;
+        for &record in &records {
+            let (offset, len) = self.index[record as usize];
+            let len = u32::try_from(len).map_err(|_| LoaderError::Index { index: record, records: 0 })?;
+            offsets.push(dest as usize);
+            ranges.push(ReadRange { offset, len, dest });
+            dest += u64::from(len);
+        }
+        offsets.push(dest as usize);
+        let dataset = Arc::clone(&self.dataset);
+        self.in_flight.push_back(tokio::spawn(async move {
+            let mut data = vec![0u8; dest as usize];
+            let statuses = dataset.read_batch(&ranges, &mut data).await?;
+            if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
+                return Err(LoaderError::Read { step, start: records[bad], status: statuses[bad].name() });
+            }
+            Ok(RecordBatch { step, records, data, offsets })
+        }));
+        self.next_issue_step += 1;
+        Ok(())
+    }
+
+    pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
+        while self.in_flight.len() < self.prefetch {
+            self.issue()?;
+        }
+        let task = self.in_flight.pop_front().expect("at least one step in flight");
+        let batch = task.await.map_err(|e| LoaderError::Task(e.to_string()))??;
+        self.state.next_sample = (batch.step + 1) * self.state.global_batch;
+        self.state.epoch = self.state.next_sample / self.state.samples_per_epoch;
+        Ok(batch)
+    }
+}
+
+impl Drop for RecordLoader {
+    fn drop(&mut self) {
+        for task in &self.in_flight {
+            task.abort();
+        }
+    }
 }

@@ -27,6 +27,10 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}/ingest", post(ingest).layer(DefaultBodyLimit::disable()))
         .route("/v1/datasets/{name}/seal", post(seal))
         .route("/v1/datasets/{name}/chunks", get(chunks))
+        .route(
+            "/v1/datasets/{name}/index",
+            get(record_index).post(stage_index).layer(DefaultBodyLimit::max(crate::node::STAGED_INDEX_BYTES_MAX)),
+        )
         .with_state(control)
 }
 
@@ -53,7 +57,9 @@ impl From<ControlError> for ApiError {
             ControlError::Catalog(CatalogError::Unknown(_)) => StatusCode::NOT_FOUND,
             ControlError::Catalog(CatalogError::Exists(_)) | ControlError::Busy(_) => StatusCode::CONFLICT,
             ControlError::State { .. } | ControlError::Empty(_) => StatusCode::CONFLICT,
-            ControlError::Catalog(CatalogError::BadName(_)) | ControlError::Ingest(_) => StatusCode::BAD_REQUEST,
+            ControlError::Catalog(CatalogError::BadName(_)) | ControlError::Ingest(_) | ControlError::Records(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ControlError::Catalog(CatalogError::Full) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -84,6 +90,9 @@ async fn list(State(control): State<Shared>) -> Result<impl IntoResponse, ApiErr
 pub struct CreateRequest {
     pub name: String,
     pub kind: String,
+    /// Fixed record size for `records` datasets without an index.
+    #[serde(default)]
+    pub record_size: Option<u64>,
 }
 
 async fn create(
@@ -91,7 +100,7 @@ async fn create(
     Json(request): Json<CreateRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
-    Ok((StatusCode::CREATED, Json(control.create(&request.name, kind)?)))
+    Ok((StatusCode::CREATED, Json(control.create_with(&request.name, kind, request.record_size)?)))
 }
 
 async fn stat(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
@@ -102,6 +111,9 @@ async fn remove(State(control): State<Shared>, Path(name): Path<String>) -> Resu
     control.delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// How much of a refused upload is read before answering.
+const REFUSED_UPLOAD_DRAIN_BYTES_MAX: usize = 64 << 20;
 
 #[derive(Debug, Deserialize)]
 struct IngestQuery {
@@ -116,8 +128,23 @@ async fn ingest(
     Query(query): Query<IngestQuery>,
     body: Body,
 ) -> Result<Json<Appended>, ApiError> {
-    let mut session = control.begin_ingest(&name, query.format.unwrap_or(IngestFormat::Raw))?;
     let mut stream = body.into_data_stream();
+    let mut session = match control.begin_ingest(&name, query.format.unwrap_or(IngestFormat::Raw)) {
+        Ok(session) => session,
+        Err(err) => {
+            // Read (and drop) a bounded part of the upload so the client
+            // reaches the point of reading this error instead of failing
+            // its send on a closed connection.
+            let mut drained = 0usize;
+            while let Some(Ok(piece)) = stream.next().await {
+                drained += piece.len();
+                if drained > REFUSED_UPLOAD_DRAIN_BYTES_MAX {
+                    break;
+                }
+            }
+            return Err(err.into());
+        }
+    };
     while let Some(piece) = stream.next().await {
         let piece = piece.map_err(|e| bad_request(format!("upload cut off: {e}")))?;
         session.push(&piece)?;
@@ -140,4 +167,27 @@ async fn chunks(State(control): State<Shared>, Path(name): Path<String>) -> Resu
     let crcs = control.chunk_crcs(&name)?;
     let bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
+}
+
+/// The sample index of a `records` or `wds` dataset: `(offset, len)` pairs
+/// of little-endian u64s.
+async fn record_index(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    let bytes = control.record_index_raw(&name)?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Staged {
+    pub records: u64,
+}
+
+/// Holds the offsets of the next `records` file ingested into the dataset.
+async fn stage_index(
+    State(control): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<IngestQuery>,
+    body: axum::body::Bytes,
+) -> Result<Json<Staged>, ApiError> {
+    let records = control.stage_offsets(&name, &body, query.format.unwrap_or(IngestFormat::Raw))?;
+    Ok(Json(Staged { records }))
 }

@@ -71,6 +71,12 @@ pub struct DatasetRecord {
     pub namespace: NamespaceRecord,
     pub created_unix_ms: u64,
     pub sealed_unix_ms: Option<u64>,
+    /// `records` of one fixed size: no index file.
+    #[serde(default)]
+    pub record_size_bytes: Option<u64>,
+    /// Samples committed (`records` and `wds`).
+    #[serde(default)]
+    pub record_count: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +163,8 @@ impl Catalog {
                 namespace: namespace(id),
                 created_unix_ms: now_unix_ms,
                 sealed_unix_ms: None,
+                record_size_bytes: None,
+                record_count: 0,
             };
             datasets.insert(name, encode(&record)?.as_slice()).map_err(store)?;
             record

@@ -9,6 +9,7 @@ use sluice_dataplane::{Namespace, CHUNK_SIZE_BYTES};
 
 use crate::kind::DatasetKind;
 use crate::npy::{self, NpyError};
+use crate::tar::{TarError, TarIndexer};
 
 /// How a file's bytes are to be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -35,6 +36,22 @@ pub enum IngestError {
     PartialElement { len: u64, kind: DatasetKind, elem: u64 },
     #[error("writing to the namespace: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tar(#[from] TarError),
+    #[error("record index: {0}")]
+    Index(String),
+}
+
+/// How a file's bytes split into samples (`records` and `wds` datasets).
+pub enum RecordRule {
+    /// No samples: `bytes` and `tokens` datasets.
+    None,
+    /// Records of one size.
+    Fixed(u64),
+    /// `n + 1` offsets into the file, first 0, last the file's length.
+    Offsets(Vec<u64>),
+    /// A WebDataset tar shard, indexed as it streams.
+    Tar(Box<TarIndexer>),
 }
 
 /// What one file added.
@@ -46,6 +63,17 @@ pub struct Appended {
     pub data_crc32c: u32,
     /// The dataset's length once this is committed.
     pub length_bytes: u64,
+    /// Samples the file added (`records` and `wds`).
+    #[serde(default)]
+    pub records: u64,
+}
+
+/// What a finished file leaves to commit.
+pub struct Finished {
+    pub appended: Appended,
+    pub chunk_crcs: Vec<u32>,
+    /// New `(offset, len)` index entries, dataset-relative.
+    pub index_entries: Vec<(u64, u64)>,
 }
 
 pub struct Appender {
@@ -60,6 +88,7 @@ pub struct Appender {
     header: Vec<u8>,
     expected_bytes: Option<u64>,
     pending: Vec<u8>,
+    rule: RecordRule,
 }
 
 impl Appender {
@@ -72,6 +101,7 @@ impl Appender {
         base_offset_bytes: u64,
         length_bytes: u64,
         chunk_crcs: Vec<u32>,
+        rule: RecordRule,
     ) -> Self {
         assert_eq!(chunk_crcs.len() as u64, length_bytes.div_ceil(CHUNK_SIZE_BYTES), "manifest out of step");
         Self {
@@ -86,6 +116,7 @@ impl Appender {
             header: Vec::new(),
             expected_bytes: None,
             pending: Vec::with_capacity(WRITE_BYTES),
+            rule,
         }
     }
 
@@ -148,6 +179,9 @@ impl Appender {
             return Ok(());
         }
         let dataset_offset = self.start_length_bytes + self.written_bytes;
+        if let RecordRule::Tar(indexer) = &mut self.rule {
+            indexer.push(&self.pending)?;
+        }
         self.namespace.write_at(self.base_offset_bytes + dataset_offset, &self.pending)?;
         self.data_crc = crc32c::crc32c_append(self.data_crc, &self.pending);
         update_chunk_crcs(&mut self.chunk_crcs, dataset_offset, &self.pending);
@@ -157,7 +191,7 @@ impl Appender {
     }
 
     /// Ends the file: checks it is whole and makes its bytes durable.
-    pub fn finish(mut self) -> Result<(Appended, Vec<u32>), IngestError> {
+    pub fn finish(mut self) -> Result<Finished, IngestError> {
         if self.format == IngestFormat::Npy && self.expected_bytes.is_none() {
             return Err(match npy::parse_header(&self.header) {
                 Err(err) => err.into(),
@@ -174,14 +208,58 @@ impl Appender {
         if !self.written_bytes.is_multiple_of(elem) {
             return Err(IngestError::PartialElement { len: self.written_bytes, kind: self.kind, elem });
         }
+        let start = self.start_length_bytes;
+        let (records, index_entries) = match std::mem::replace(&mut self.rule, RecordRule::None) {
+            RecordRule::None => (0, Vec::new()),
+            RecordRule::Fixed(size) => {
+                if size == 0 || !self.written_bytes.is_multiple_of(size) {
+                    return Err(IngestError::Index(format!(
+                        "{} bytes is not a whole number of {size}-byte records",
+                        self.written_bytes
+                    )));
+                }
+                (self.written_bytes / size, Vec::new())
+            }
+            RecordRule::Offsets(offsets) => {
+                let entries = entries_from_offsets(&offsets, self.written_bytes)?;
+                (entries.len() as u64, entries.into_iter().map(|(o, l)| (start + o, l)).collect())
+            }
+            RecordRule::Tar(indexer) => {
+                let spans = indexer.finish()?;
+                let entries: Vec<(u64, u64)> = spans.iter().map(|s| (start + s.offset_bytes, s.len_bytes)).collect();
+                (entries.len() as u64, entries)
+            }
+        };
         self.namespace.sync()?;
         let appended = Appended {
             data_bytes: self.written_bytes,
             data_crc32c: self.data_crc,
-            length_bytes: self.start_length_bytes + self.written_bytes,
+            length_bytes: start + self.written_bytes,
+            records,
         };
-        Ok((appended, self.chunk_crcs))
+        Ok(Finished { appended, chunk_crcs: self.chunk_crcs, index_entries })
     }
+}
+
+/// `(offset, len)` entries from `n + 1` monotonic offsets spanning a file of
+/// `file_bytes`.
+pub fn entries_from_offsets(offsets: &[u64], file_bytes: u64) -> Result<Vec<(u64, u64)>, IngestError> {
+    let bad = |what: String| IngestError::Index(what);
+    match (offsets.first(), offsets.last()) {
+        (Some(0), Some(&last)) if last == file_bytes => {}
+        (Some(&first), Some(&last)) => {
+            return Err(bad(format!("offsets must run from 0 to the file's {file_bytes} bytes, not {first}..{last}")))
+        }
+        _ => return Err(bad("no offsets".into())),
+    }
+    let mut entries = Vec::with_capacity(offsets.len().saturating_sub(1));
+    for (i, pair) in offsets.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            return Err(bad(format!("offset {} ({}) is before offset {i} ({})", i + 1, pair[1], pair[0])));
+        }
+        entries.push((pair[0], pair[1] - pair[0]));
+    }
+    Ok(entries)
 }
 
 /// Extends the per-chunk CRC32Cs with `data` written at `offset_bytes`, right
@@ -219,11 +297,11 @@ mod tests {
         file: &[u8],
         piece: usize,
     ) -> Result<(Appended, Vec<u32>), IngestError> {
-        let mut appender = Appender::new(Arc::clone(ns), kind, format, 0, 0, Vec::new());
+        let mut appender = Appender::new(Arc::clone(ns), kind, format, 0, 0, Vec::new(), RecordRule::None);
         for part in file.chunks(piece) {
             appender.push(part)?;
         }
-        appender.finish()
+        appender.finish().map(|f| (f.appended, f.chunk_crcs))
     }
 
     /// Chunk CRCs kept while appending in odd pieces equal those of the
@@ -257,6 +335,36 @@ mod tests {
             ns.read_at(0, &mut back).expect("read");
             assert_eq!(back, tokens);
         }
+    }
+
+    /// Offsets must start at 0, end at the file's length and never go back.
+    #[test]
+    fn offsets_are_checked() {
+        assert_eq!(entries_from_offsets(&[0, 3, 3, 10], 10).expect("ok"), vec![(0, 3), (3, 0), (3, 7)]);
+        assert!(entries_from_offsets(&[0, 3, 2, 10], 10).is_err());
+        assert!(entries_from_offsets(&[1, 10], 10).is_err());
+        assert!(entries_from_offsets(&[0, 9], 10).is_err());
+        assert!(entries_from_offsets(&[], 0).is_err());
+    }
+
+    /// A tar shard appended after earlier data gets dataset-relative spans.
+    #[test]
+    fn wds_shards_are_indexed_while_ingesting() {
+        let shard = crate::tar::write_tar(&[("k1.txt", b"one"), ("k1.cls", b"1"), ("k2.txt", b"two")]);
+        let ns = namespace();
+        let rule = RecordRule::Tar(Box::default());
+        let mut appender = Appender::new(Arc::clone(&ns), DatasetKind::Wds, IngestFormat::Raw, 0, 0, Vec::new(), rule);
+        appender.push(&shard).expect("push");
+        let first = appender.finish().expect("finish");
+        assert_eq!(first.appended.records, 2);
+        let rule = RecordRule::Tar(Box::default());
+        let crcs = first.chunk_crcs.clone();
+        let start = first.appended.length_bytes;
+        let mut appender = Appender::new(Arc::clone(&ns), DatasetKind::Wds, IngestFormat::Raw, 0, start, crcs, rule);
+        appender.push(&shard).expect("push");
+        let second = appender.finish().expect("finish");
+        assert_eq!(second.index_entries[0].0, start);
+        assert_eq!(second.index_entries[1], (start + first.index_entries[1].0, first.index_entries[1].1));
     }
 
     /// Truncated, mistyped and overlong .npy files and partial tokens are

@@ -4,10 +4,12 @@
 
 pub mod api;
 pub mod catalog;
+pub mod index;
 pub mod ingest;
 pub mod kind;
 mod node;
 pub mod npy;
+pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;

@@ -14,11 +14,14 @@ use sluice_rdma::tcp::{DatasetResolver, OpenError};
 use sluice_rdma::{ErrorCode, OpenInfo};
 
 use crate::catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
-use crate::ingest::{Appended, Appender, IngestError, IngestFormat};
+use crate::index::IndexFile;
+use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use crate::kind::DatasetKind;
 
 /// Bytes read per step when sealing.
 const SEAL_READ_BYTES: usize = 4 << 20;
+/// Largest staged record index (offsets file) accepted.
+pub const STAGED_INDEX_BYTES_MAX: usize = 512 << 20;
 
 /// What `GET /v1/node` reports.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -50,6 +53,8 @@ pub enum ControlError {
     Empty(String),
     #[error("the data plane refused: {0}")]
     DataPlane(String),
+    #[error("{0}")]
+    Records(String),
 }
 
 impl ControlError {
@@ -68,6 +73,7 @@ impl ControlError {
             Self::Corrupt { .. } => "corrupt",
             Self::Empty(_) => "empty",
             Self::DataPlane(_) => "data_plane",
+            Self::Records(_) => "bad_input",
         }
     }
 }
@@ -80,6 +86,8 @@ struct Attached {
 pub struct ControlPlane {
     catalog: Catalog,
     namespace_dir: PathBuf,
+    index_dir: PathBuf,
+    staged_offsets: Mutex<HashMap<String, Vec<u64>>>,
     driver: Arc<dyn BlockDriver>,
     plane: Arc<DataPlane>,
     namespaces: Mutex<HashMap<u64, Arc<dyn Namespace>>>,
@@ -116,10 +124,15 @@ impl ControlPlane {
             name: namespace_dir.display().to_string(),
             message: e.to_string(),
         })?;
+        let index_dir = data_dir.join("indexes");
+        std::fs::create_dir_all(&index_dir)
+            .map_err(|e| ControlError::Namespace { name: index_dir.display().to_string(), message: e.to_string() })?;
         let catalog = Catalog::open(&data_dir.join("catalog.redb"))?;
         let control = Self {
             catalog,
             namespace_dir,
+            index_dir,
+            staged_offsets: Mutex::new(HashMap::new()),
             driver,
             plane,
             namespaces: Mutex::new(HashMap::new()),
@@ -151,13 +164,19 @@ impl ControlPlane {
                 }
                 _ => {}
             }
+            if record.kind.has_records() && record.record_size_bytes.is_none() {
+                // Index entries past the committed count belong to an ingest
+                // that never finished.
+                self.index_file(record)?.truncate(record.record_count).map_err(|e| self.ns_error(record, e))?;
+            }
             known.insert(PathBuf::from(&record.namespace.path));
+            known.insert(self.index_path(record));
         }
-        if let Ok(entries) = std::fs::read_dir(&self.namespace_dir) {
-            for entry in entries.flatten() {
+        for dir in [&self.namespace_dir, &self.index_dir] {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if !known.contains(&path) {
-                    tracing::info!("removing orphaned namespace file {}", path.display());
+                    tracing::info!("removing orphaned file {}", path.display());
                     let _ = std::fs::remove_file(&path);
                 }
             }
@@ -225,7 +244,85 @@ impl ControlPlane {
         Ok(ns)
     }
 
+    fn index_path(&self, record: &DatasetRecord) -> PathBuf {
+        self.index_dir.join(format!("{:016x}.idx", record.id))
+    }
+
+    fn index_file(&self, record: &DatasetRecord) -> Result<IndexFile, ControlError> {
+        IndexFile::open(&self.index_path(record)).map_err(|e| self.ns_error(record, e))
+    }
+
+    /// The sample index as `(offset, len)` little-endian u64 pairs.
+    pub fn record_index_raw(&self, name: &str) -> Result<Vec<u8>, ControlError> {
+        let record = self.catalog.require(name)?;
+        if !record.kind.has_records() {
+            return Err(ControlError::Records(format!("{name} is {}, which has no record index", record.kind)));
+        }
+        if let Some(size) = record.record_size_bytes {
+            return Ok((0..record.record_count)
+                .flat_map(|i| (i * size).to_le_bytes().into_iter().chain(size.to_le_bytes()))
+                .collect());
+        }
+        self.index_file(&record)?.read_raw(record.record_count).map_err(|e| self.ns_error(&record, e))
+    }
+
+    /// Holds the offsets (`n + 1` u64, from 0 to the file's length) of the
+    /// next `records` file ingested into `name`.
+    pub fn stage_offsets(&self, name: &str, bytes: &[u8], format: IngestFormat) -> Result<u64, ControlError> {
+        let record = self.catalog.require(name)?;
+        if record.kind != DatasetKind::Records || record.record_size_bytes.is_some() {
+            return Err(ControlError::Records(format!(
+                "{name} takes no offsets index (kind {}, fixed size {:?})",
+                record.kind, record.record_size_bytes
+            )));
+        }
+        let data = match format {
+            IngestFormat::Raw => bytes,
+            IngestFormat::Npy => {
+                let header = crate::npy::parse_header(bytes).map_err(|e| ControlError::Records(e.to_string()))?;
+                if !matches!(header.descr.as_str(), "<u8" | "<i8") {
+                    return Err(ControlError::Records(format!("offsets must be <u8 or <i8, not {}", header.descr)));
+                }
+                let data = &bytes[header.data_offset_bytes..];
+                if Some(data.len() as u64) != header.data_len_bytes() {
+                    return Err(ControlError::Records("truncated offsets .npy".into()));
+                }
+                data
+            }
+        };
+        if data.len() % 8 != 0 || data.len() < 8 {
+            return Err(ControlError::Records(format!("{} bytes of offsets is not a list of u64", data.len())));
+        }
+        let offsets: Vec<u64> =
+            data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        let count = offsets.len() as u64 - 1;
+        self.staged_offsets.lock().map_err(|_| ControlError::Busy(name.into()))?.insert(name.to_string(), offsets);
+        Ok(count)
+    }
+
+    fn record_rule(&self, record: &DatasetRecord) -> Result<RecordRule, ControlError> {
+        Ok(match (record.kind, record.record_size_bytes) {
+            (DatasetKind::Records, Some(size)) => RecordRule::Fixed(size),
+            (DatasetKind::Records, None) => {
+                let staged = self
+                    .staged_offsets
+                    .lock()
+                    .map_err(|_| ControlError::Busy(record.name.clone()))?
+                    .remove(&record.name);
+                RecordRule::Offsets(staged.ok_or_else(|| {
+                    ControlError::Records(format!(
+                        "{} is a records dataset: send its offsets first (sluicectl dataset ingest {} FILE --index OFFSETS)",
+                        record.name, record.name
+                    ))
+                })?)
+            }
+            (DatasetKind::Wds, _) => RecordRule::Tar(Box::default()),
+            _ => RecordRule::None,
+        })
+    }
+
     fn remove_namespace(&self, record: &DatasetRecord) {
+        let _ = std::fs::remove_file(self.index_path(record));
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
         }
@@ -239,7 +336,28 @@ impl ControlPlane {
     }
 
     pub fn create(&self, name: &str, kind: DatasetKind) -> Result<DatasetRecord, ControlError> {
-        let record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id))?;
+        self.create_with(name, kind, None)
+    }
+
+    /// Creates a dataset; `record_size` makes a `records` dataset of fixed
+    /// size records (no index needed).
+    pub fn create_with(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        record_size: Option<u64>,
+    ) -> Result<DatasetRecord, ControlError> {
+        if record_size.is_some() && kind != DatasetKind::Records {
+            return Err(ControlError::Records("--record-size applies to records datasets only".into()));
+        }
+        if record_size == Some(0) {
+            return Err(ControlError::Records("record size must be at least 1 byte".into()));
+        }
+        let mut record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id))?;
+        if record_size.is_some() {
+            record.record_size_bytes = record_size;
+            self.catalog.update(&record, None)?;
+        }
         self.namespace(&record)?;
         Ok(record)
     }
@@ -271,8 +389,9 @@ impl ControlPlane {
         }
         let crcs = self.catalog.chunk_crcs(record.id)?;
         let ns = self.namespace(&record)?;
+        let rule = self.record_rule(&record)?;
         let appender =
-            Appender::new(ns, record.kind, format, record.namespace.base_offset_bytes, record.length_bytes, crcs);
+            Appender::new(ns, record.kind, format, record.namespace.base_offset_bytes, record.length_bytes, crcs, rule);
         Ok(IngestSession { control: self, _guard: guard, record, appender })
     }
 
@@ -283,6 +402,9 @@ impl ControlPlane {
         let mut record = self.catalog.require(name)?;
         match record.state {
             DatasetState::Sealed => return Ok(record),
+            DatasetState::Ingesting if record.kind.has_records() && record.record_count == 0 => {
+                return Err(ControlError::Empty(name.into()))
+            }
             DatasetState::Ingesting => {}
             DatasetState::Creating => return Err(ControlError::Empty(name.into())),
             state => return Err(ControlError::State { name: name.into(), state, action: "seal", needed: "ingesting" }),
@@ -380,13 +502,18 @@ impl IngestSession<'_> {
     /// Checks the file arrived whole, makes it durable, then commits the new
     /// length and checksums in one catalog transaction.
     pub fn finish(self) -> Result<Appended, ControlError> {
-        let (appended, crcs) = self.appender.finish()?;
+        let finished = self.appender.finish()?;
         let mut record = self.record;
-        record.length_bytes = appended.length_bytes;
+        if !finished.index_entries.is_empty() {
+            let file = self.control.index_file(&record)?;
+            file.append(record.record_count, &finished.index_entries).map_err(|e| self.control.ns_error(&record, e))?;
+        }
+        record.length_bytes = finished.appended.length_bytes;
+        record.record_count += finished.appended.records;
         record.files_ingested += 1;
         record.state = DatasetState::Ingesting;
-        self.control.catalog.update(&record, Some(&crcs))?;
-        Ok(appended)
+        self.control.catalog.update(&record, Some(&finished.chunk_crcs))?;
+        Ok(finished.appended)
     }
 }
 

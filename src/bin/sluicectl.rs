@@ -13,7 +13,7 @@ use serde_json::Value;
 use sluice::readbench::{self, BenchParams};
 use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::Appended;
-use sluice_control::{npy, DatasetRecord};
+use sluice_control::{npy, DatasetKind, DatasetRecord, DatasetState};
 
 #[derive(Parser, Debug)]
 #[command(name = "sluicectl", version, about = "Operate a sluice node")]
@@ -68,17 +68,24 @@ enum Command {
 enum DatasetCommand {
     Create {
         name: String,
-        /// bytes, tokens:u16 or tokens:u32
+        /// bytes, tokens:u16, tokens:u32, records or wds
         #[arg(long)]
         kind: String,
+        /// For `records`: every record has this many bytes (no index file).
+        #[arg(long)]
+        record_size: Option<u64>,
     },
-    /// Append files (raw, or .npy arrays) to a dataset, in order.
+    /// Append files (raw, .npy arrays, or tar shards for wds) in order.
     Ingest {
         name: String,
         #[arg(required = true)]
         files: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = Format::Auto)]
         format: Format,
+        /// For `records` with variable sizes: the offsets (n + 1 little-endian
+        /// u64, raw or .npy) of the records of the one FILE given.
+        #[arg(long)]
+        index: Option<PathBuf>,
     },
     /// Verify and freeze a dataset; it is served from then on.
     Seal {
@@ -192,15 +199,32 @@ impl Api {
 
 fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
     match command {
-        DatasetCommand::Create { name, kind } => {
-            let body = serde_json::json!({ "name": name, "kind": kind });
+        DatasetCommand::Create { name, kind, record_size } => {
+            let body = serde_json::json!({ "name": name, "kind": kind, "record_size": record_size });
             let record: DatasetRecord = api
                 .call(ureq::post(&api.url("/v1/datasets")).send_json(body))?
                 .into_json()
                 .map_err(|e| e.to_string())?;
             print_record(&record, json, &format!("created {} ({})", record.name, record.kind));
         }
-        DatasetCommand::Ingest { name, files, format } => {
+        DatasetCommand::Ingest { name, files, format, index } => {
+            // Refuse early what the node would refuse after the upload.
+            let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
+            if !matches!(record.state, DatasetState::Creating | DatasetState::Ingesting) {
+                return Err(format!("dataset {name:?} is {}; ingest needs it creating or ingesting", record.state));
+            }
+            let needs_index = record.kind == DatasetKind::Records && record.record_size_bytes.is_none();
+            if needs_index && index.is_none() {
+                return Err(format!(
+                    "{name} is a records dataset: send its offsets first (sluicectl dataset ingest {name} FILE --index OFFSETS)"
+                ));
+            }
+            if let Some(index) = index {
+                if files.len() != 1 {
+                    return Err("--index describes one file: give exactly one FILE with it".into());
+                }
+                stage_index(api, name, index)?;
+            }
             let mut results = Vec::new();
             for file in files {
                 let appended = ingest_file(api, name, file, *format, json)?;
@@ -261,6 +285,19 @@ fn print_record(record: &DatasetRecord, json: bool, human: &str) {
     } else {
         println!("{human}");
     }
+}
+
+/// Sends a records file's offsets ahead of the file itself.
+fn stage_index(api: &Api, name: &str, path: &Path) -> Result<()> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let npy = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+    let url = api.url(&format!("/v1/datasets/{name}/index"));
+    let request = ureq::post(&url)
+        .query("format", if npy { "npy" } else { "raw" })
+        .set("Content-Type", "application/octet-stream")
+        .send_bytes(&bytes);
+    api.call(request)?;
+    Ok(())
 }
 
 /// Streams one file to the node, then compares the node's CRC32C of the
@@ -430,34 +467,39 @@ fn replay(
         .iter()
         .find(|r| r.content_hash.as_deref() == Some(state.content_hash.as_str()))
         .ok_or_else(|| format!("no sealed dataset on this node has content hash {}", state.content_hash))?;
-    let samples = replay_step(&state, step).map_err(|e| e.to_string())?;
     let name = record.name.clone();
-    let data = runtime()?.block_on(async {
+    let (samples, data) = runtime()?.block_on(async {
         let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
         let dataset = client.open(&name).await.map_err(|e| e.to_string())?;
-        let ranges: Vec<ReadRange> = samples
-            .iter()
-            .enumerate()
-            .map(|(i, s)| ReadRange {
-                offset: s.byte_offset,
-                len: s.len_bytes,
-                dest: i as u64 * u64::from(s.len_bytes),
-            })
-            .collect();
-        let mut buf = vec![0u8; samples.iter().map(|s| s.len_bytes as usize).sum()];
+        let index = match state.kind {
+            sluice_client::sampler::SamplerKind::Record => {
+                Some(dataset.record_index().await.map_err(|e| e.to_string())?)
+            }
+            sluice_client::sampler::SamplerKind::Window => None,
+        };
+        let samples = replay_step(&state, step, index.as_deref()).map_err(|e| e.to_string())?;
+        let mut ranges = Vec::with_capacity(samples.len());
+        let mut dest = 0u64;
+        for s in &samples {
+            let len = u32::try_from(s.len_bytes).map_err(|_| format!("sample {} is over 4 GiB", s.index))?;
+            ranges.push(ReadRange { offset: s.byte_offset, len, dest });
+            dest += s.len_bytes;
+        }
+        let mut buf = vec![0u8; dest as usize];
         let statuses = dataset.read_batch(&ranges, &mut buf).await.map_err(|e| e.to_string())?;
         if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
             return Err(format!("sample {bad}: {}", statuses[bad].name()));
         }
-        Ok::<Vec<u8>, String>(buf)
+        Ok::<_, String>((samples, buf))
     })?;
     if let Some(dir) = dump {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let mut rows = Vec::with_capacity(samples.len());
-    for (i, sample) in samples.iter().enumerate() {
-        let len = sample.len_bytes as usize;
-        let bytes = &data[i * len..(i + 1) * len];
+    let mut at = 0usize;
+    for sample in &samples {
+        let bytes = &data[at..at + sample.len_bytes as usize];
+        at += sample.len_bytes as usize;
         let crc = crc32c::crc32c(bytes);
         if let Some(dir) = dump {
             let path = dir.join(format!("step{step}-{:05}.bin", sample.position));
@@ -480,12 +522,12 @@ fn replay(
         println!("dataset {name} ({}), step {step}, global batch {}", state.content_hash, state.global_batch);
         println!(
             "{:>8} {:>14} {:>6} {:>14} {:>16} {:>10}",
-            "POSITION", "GLOBAL_SAMPLE", "EPOCH", "TOKEN_START", "BYTE_OFFSET", "CRC32C"
+            "POSITION", "GLOBAL_SAMPLE", "EPOCH", "INDEX", "BYTE_OFFSET", "CRC32C"
         );
         for (s, crc) in rows {
             println!(
                 "{:>8} {:>14} {:>6} {:>14} {:>16}   {crc:#010x}",
-                s.position, s.global_sample, s.epoch, s.token_start, s.byte_offset
+                s.position, s.global_sample, s.epoch, s.index, s.byte_offset
             );
         }
     }

@@ -150,7 +150,8 @@ impl WindowLoader {
             prefetch,
         };
         let _guard = dataset.runtime.enter();
-        let inner = RustLoader::new(Arc::clone(&dataset.inner), &config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let inner =
+            RustLoader::new(Arc::clone(&dataset.inner), &config).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let token_bytes = inner.state().element_bytes;
         Ok(Self {
             runtime: Arc::clone(&dataset.runtime),

@@ -86,7 +86,7 @@ def test_same_sequence_as_rust(node, tmp_path):
     state = tmp_path / "state.bin"
     state.write_bytes(loader.state_bytes())
     rows = json.loads(node.ctl("replay", "--state", str(state), "--step", "6", "--json"))
-    assert [r["token_start"] for r in rows] == steps[6][0]
+    assert [r["index"] for r in rows] == steps[6][0]
 
 
 def test_torch_adapter(node):

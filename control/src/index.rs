@@ -1,0 +1,61 @@
+//! The sample index of `records` and `wds` datasets: one `(offset, len)`
+//! pair of little-endian u64s per sample, in a file beside the catalog.
+//! Entries are appended (and fsynced) before the catalog commits the count
+//! that makes them visible; entries past that count are cut at start.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub const ENTRY_BYTES: u64 = 16;
+
+pub struct IndexFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl IndexFile {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        Ok(Self { path: path.to_path_buf(), file })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `entries` after the first `committed` and makes them durable.
+    pub fn append(&self, committed: u64, entries: &[(u64, u64)]) -> io::Result<()> {
+        let bytes: Vec<u8> =
+            entries.iter().flat_map(|(o, l)| o.to_le_bytes().into_iter().chain(l.to_le_bytes())).collect();
+        self.file.write_all_at(&bytes, committed * ENTRY_BYTES)?;
+        self.file.set_len((committed + entries.len() as u64) * ENTRY_BYTES)?;
+        self.file.sync_all()
+    }
+
+    /// Keeps the first `count` entries.
+    pub fn truncate(&self, count: u64) -> io::Result<()> {
+        self.file.set_len(count * ENTRY_BYTES)?;
+        self.file.sync_all()
+    }
+
+    /// The first `count` entries as raw bytes.
+    pub fn read_raw(&self, count: u64) -> io::Result<Vec<u8>> {
+        let mut bytes = vec![0u8; (count * ENTRY_BYTES) as usize];
+        self.file.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
+}
+
+/// Decodes raw index bytes.
+pub fn decode(bytes: &[u8]) -> Vec<(u64, u64)> {
+    bytes
+        .chunks_exact(ENTRY_BYTES as usize)
+        .map(|e| {
+            let offset = u64::from_le_bytes(e[..8].try_into().unwrap_or([0; 8]));
+            let len = u64::from_le_bytes(e[8..].try_into().unwrap_or([0; 8]));
+            (offset, len)
+        })
+        .collect()
+}
