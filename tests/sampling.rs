@@ -22,6 +22,7 @@ fn config(rank: u32, world: u32) -> WindowLoaderConfig {
         world,
         seed: 1234,
         samples_per_epoch: Some(8_000),
+        stride_ratio: None,
         prefetch: 4,
     }
 }

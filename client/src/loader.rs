@@ -22,8 +22,12 @@ pub struct WindowLoaderConfig {
     pub rank: u32,
     pub world: u32,
     pub seed: u64,
-    /// Samples per epoch; `None` takes one per `window_tokens` tokens.
+    /// Samples per epoch; `None` takes one per `window_tokens` tokens
+    /// (unless `stride_ratio` is set).
     pub samples_per_epoch: Option<u64>,
+    /// `c` in m = n / c samples per epoch over n tokens; ignored when
+    /// `samples_per_epoch` is set.
+    pub stride_ratio: Option<f64>,
     /// Steps read ahead.
     pub prefetch: usize,
 }
@@ -87,7 +91,8 @@ impl WindowLoader {
         let tokens = dataset.len_bytes() / u64::from(token_bytes);
         let window = u64::from(config.window_tokens);
         let domain = window_domain(tokens, window)?;
-        let samples_per_epoch = config.samples_per_epoch.unwrap_or((tokens / window).max(1)).min(domain);
+        let by_ratio = config.stride_ratio.filter(|c| *c > 0.0).map(|c| (tokens as f64 / c) as u64);
+        let samples_per_epoch = config.samples_per_epoch.or(by_ratio).unwrap_or(tokens / window).clamp(1, domain);
         let state = SamplerState {
             content_hash: dataset.info().content_hash.clone(),
             kind: SamplerKind::Window,

@@ -128,7 +128,7 @@ struct WindowLoader {
 #[pymethods]
 impl WindowLoader {
     #[new]
-    #[pyo3(signature = (dataset, window, batch_size, seed, rank = 0, world_size = 1, prefetch = 4, samples_per_epoch = None))]
+    #[pyo3(signature = (dataset, window, batch_size, seed, rank = 0, world_size = 1, prefetch = 4, samples_per_epoch = None, stride_ratio = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         dataset: &Dataset,
@@ -139,6 +139,7 @@ impl WindowLoader {
         world_size: u32,
         prefetch: usize,
         samples_per_epoch: Option<u64>,
+        stride_ratio: Option<f64>,
     ) -> PyResult<Self> {
         let config = WindowLoaderConfig {
             window_tokens: window,
@@ -147,6 +148,7 @@ impl WindowLoader {
             world: world_size,
             seed,
             samples_per_epoch,
+            stride_ratio,
             prefetch,
         };
         let _guard = dataset.runtime.enter();

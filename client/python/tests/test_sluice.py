@@ -48,18 +48,40 @@ def run(loader, steps):
     return out
 
 
-def test_state_dict_resumes_exactly(node):
+RESUME_SCRIPT = """
+import hashlib, json, sys
+import sluice
+endpoint, state, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+loader = sluice.WindowLoader(sluice.connect(endpoint).open("toks"), 128, 8, seed=999)
+loader.load_state_dict(state)
+for _ in range(steps):
+    batch = next(loader)
+    print(json.dumps([list(loader.last_starts), hashlib.sha256(batch.tobytes()).hexdigest()]))
+"""
+
+
+def test_state_dict_resumes_exactly_in_a_new_process(node):
+    import hashlib
+    import subprocess
+    import sys
+
     ds = sluice.connect(node.endpoint).open("toks")
     straight = run(sluice.WindowLoader(ds, 128, 8, seed=11, samples_per_epoch=400), 120)
     first = sluice.WindowLoader(ds, 128, 8, seed=11, samples_per_epoch=400)
-    resumed = run(first, 45)
-    saved = json.loads(json.dumps(first.state_dict()))  # as a checkpoint would
+    resumed = [(starts, hashlib.sha256(data).hexdigest()) for starts, data in run(first, 45)]
+    saved = first.state_dict()
     assert saved["next_sample"] == 45 * 8 and saved["epoch"] == 0
-    fresh_ds = sluice.connect(node.endpoint).open("toks")
-    second = sluice.WindowLoader(fresh_ds, 128, 8, seed=999)
-    second.load_state_dict(saved)
-    resumed += run(second, 75)
-    assert resumed == straight
+    out = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, node.endpoint, json.dumps(saved), "75"],
+                         capture_output=True, text=True, check=True)
+    resumed += [tuple(json.loads(line)) for line in out.stdout.splitlines()]
+    assert resumed == [(starts, hashlib.sha256(data).hexdigest()) for starts, data in straight]
+
+
+def test_stride_ratio_sets_the_epoch(node):
+    ds = sluice.connect(node.endpoint).open("toks")
+    loader = sluice.WindowLoader(ds, 64, 10, seed=1, stride_ratio=1000.0)
+    next(loader)
+    assert loader.state_dict()["samples_per_epoch"] == 1_000_000 // 1000
 
 
 def test_elastic_resume_keeps_the_global_order(node):

@@ -81,6 +81,8 @@ class WindowLoader:
 
     ``state_dict()`` / ``load_state_dict()`` save and restore the position
     exactly, also at another world size (the saved global batch is kept).
+    An epoch is ``samples_per_epoch`` windows, or ``n / stride_ratio`` for n
+    tokens, or by default ``n / window``.
     """
 
     def __init__(
@@ -93,10 +95,11 @@ class WindowLoader:
         world_size: int = 1,
         prefetch: int = 4,
         samples_per_epoch: Optional[int] = None,
+        stride_ratio: Optional[float] = None,
     ):
         self.dataset = dataset
         self._native = _native.WindowLoader(
-            dataset._native, window, batch_size, seed, rank, world_size, prefetch, samples_per_epoch
+            dataset._native, window, batch_size, seed, rank, world_size, prefetch, samples_per_epoch, stride_ratio
         )
         self._dtype = _DTYPES[self._native.token_bytes]
         self.step: Optional[int] = None
