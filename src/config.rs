@@ -48,6 +48,27 @@ pub struct NodeConfig {
     pub credits: u32,
     /// Verify chunk CRCs of whole chunks on every read.
     pub verify_chunks: bool,
+    /// Widen every read to whole 64 KiB chunks so every byte served is
+    /// verified; costs read amplification for small reads.
+    pub verify_all_reads: bool,
+    /// A client that does not read a response within this is dropped.
+    pub write_timeout_ms: u64,
+    /// Data-plane connections served at once; more are refused.
+    pub connections_max: usize,
+    /// Drop root for this user once devices and ports are open.
+    pub user: Option<String>,
+    /// Fault injection for tests and drills (never in production).
+    pub faults: Option<FaultsConfig>,
+}
+
+/// Faults injected by the driver, by namespace byte range `[start, end)`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultsConfig {
+    pub io_errors: Vec<[u64; 2]>,
+    pub corruptions: Vec<[u64; 2]>,
+    /// `[start, end, milliseconds]`.
+    pub delays: Vec<[u64; 3]>,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +86,11 @@ impl Default for NodeConfig {
             queue_depth: 256,
             credits: 64,
             verify_chunks: true,
+            verify_all_reads: false,
+            write_timeout_ms: 30_000,
+            connections_max: 4096,
+            user: None,
+            faults: None,
         }
     }
 }

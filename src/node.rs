@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_control::{api, ControlPlane, Resolver};
-use sluice_dataplane::driver::{MemDriver, UringDriver};
+use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
 use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
 use sluice_rdma::tcp::{serve, ServerConfig};
 use tokio::net::TcpListener;
@@ -56,11 +56,28 @@ impl Node {
             })),
             DriverChoice::Mem => Arc::new(MemDriver),
         };
+        let driver: Arc<dyn BlockDriver> = match &config.faults {
+            Some(faults) => {
+                tracing::warn!("fault injection is on: {faults:?}");
+                let plan = FaultPlan {
+                    io_errors: faults.io_errors.iter().map(|[a, b]| *a..*b).collect(),
+                    corruptions: faults.corruptions.iter().map(|[a, b]| *a..*b).collect(),
+                    delays: faults
+                        .delays
+                        .iter()
+                        .map(|[a, b, ms]| (*a..*b, std::time::Duration::from_millis(*ms)))
+                        .collect(),
+                };
+                Arc::new(FaultyDriver::new(driver, plan))
+            }
+            None => driver,
+        };
         let plane_config = DataPlaneConfig {
             cores: config.cores.max(1),
             slots_per_core: config.slots_per_core.max(256),
             queue_depth: config.queue_depth,
             verify_chunks: config.verify_chunks,
+            verify_all_reads: config.verify_all_reads,
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);

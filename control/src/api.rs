@@ -26,6 +26,7 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}", get(stat).delete(remove))
         .route("/v1/datasets/{name}/ingest", post(ingest).layer(DefaultBodyLimit::disable()))
         .route("/v1/datasets/{name}/seal", post(seal))
+        .route("/v1/datasets/{name}/scrub", post(scrub))
         .route("/v1/datasets/{name}/chunks", get(chunks))
         .route(
             "/v1/datasets/{name}/index",
@@ -190,4 +191,9 @@ async fn stage_index(
 ) -> Result<Json<Staged>, ApiError> {
     let records = control.stage_offsets(&name, &body, query.format.unwrap_or(IngestFormat::Raw))?;
     Ok(Json(Staged { records }))
+}
+
+/// Verifies every chunk of a sealed dataset as read through the data plane.
+async fn scrub(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.scrub(&name).await?))
 }

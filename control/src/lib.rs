@@ -13,4 +13,4 @@ pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
-pub use node::{ControlError, ControlPlane, IngestSession, NodeInfo, Resolver};
+pub use node::{ControlError, ControlPlane, IngestSession, NodeInfo, Resolver, ScrubReport};

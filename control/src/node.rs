@@ -486,6 +486,48 @@ impl ControlPlane {
     }
 }
 
+/// What a scrub found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScrubReport {
+    pub name: String,
+    pub chunks: u64,
+    pub bytes: u64,
+    /// `(chunk, status)` of every chunk that did not read back clean.
+    pub bad_chunks: Vec<(u64, String)>,
+}
+
+/// Chunks read per scrub batch.
+const SCRUB_CHUNKS_PER_BATCH: u64 = 64;
+
+impl ControlPlane {
+    /// Reads every chunk of a sealed dataset through the data plane, which
+    /// verifies each against the manifest, and reports the ones that fail.
+    pub async fn scrub(&self, name: &str) -> Result<ScrubReport, ControlError> {
+        let (slot, info) = self.open_for_read(name).await?;
+        let chunk = info.chunk_size_bytes;
+        let chunks = info.length_bytes.div_ceil(chunk);
+        let mut bad_chunks = Vec::new();
+        let mut first = 0;
+        while first < chunks {
+            let last = (first + SCRUB_CHUNKS_PER_BATCH).min(chunks);
+            let ranges: Vec<sluice_dataplane::ByteRange> = (first..last)
+                .map(|c| sluice_dataplane::ByteRange {
+                    offset_bytes: c * chunk,
+                    len_bytes: (chunk.min(info.length_bytes - c * chunk)) as u32,
+                })
+                .collect();
+            let result = self.plane.read(slot, ranges).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+            for (i, status) in result.statuses().iter().enumerate() {
+                if *status != sluice_dataplane::RangeStatus::Ok {
+                    bad_chunks.push((first + i as u64, status.name().to_string()));
+                }
+            }
+            first = last;
+        }
+        Ok(ScrubReport { name: name.to_string(), chunks, bytes: info.length_bytes, bad_chunks })
+    }
+}
+
 /// One file being appended; commits only through [`IngestSession::finish`].
 pub struct IngestSession<'a> {
     control: &'a ControlPlane,

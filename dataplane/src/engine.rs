@@ -48,6 +48,9 @@ pub struct DataPlaneConfig {
     pub inbox_depth: usize,
     /// Verify the CRC32C of every chunk a read covers whole.
     pub verify_chunks: bool,
+    /// Widen every read to whole chunks so every byte served is verified
+    /// (costs read amplification for small reads).
+    pub verify_all_reads: bool,
 }
 
 impl Default for DataPlaneConfig {
@@ -61,6 +64,7 @@ impl Default for DataPlaneConfig {
             batches_waiting_max: 256,
             inbox_depth: 1024,
             verify_chunks: true,
+            verify_all_reads: false,
         }
     }
 }
@@ -361,8 +365,26 @@ struct ActiveBatch {
     lease: SlotLease,
     units_pushed: usize,
     units_done: usize,
+    /// Units that did not read back whole; their chunks are not verified.
     unit_failed: Vec<bool>,
+    /// Single-block reads that isolate the bad blocks of failed units.
+    retries: VecDeque<(u32, u32)>,
+    retries_left: Vec<u32>,
+    /// Namespace byte ranges that could not be read.
+    bad_ranges: Vec<(u64, u64)>,
+    block_size_bytes: u32,
     reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+}
+
+/// Completion tags: batch slot, whether a block retry, block, unit.
+const TAG_RETRY: u64 = 1 << 47;
+
+fn unit_tag(active: usize, unit: usize) -> u64 {
+    ((active as u64) << 48) | unit as u64
+}
+
+fn retry_tag(active: usize, unit: u32, block: u32) -> u64 {
+    ((active as u64) << 48) | TAG_RETRY | (u64::from(block) << 32) | u64::from(unit)
 }
 
 struct CoreEngine {
@@ -382,6 +404,7 @@ struct CoreEngine {
     batches_waiting_max: usize,
     unit_bytes_max: u32,
     verify_chunks: bool,
+    widen_to_bytes: u64,
     stopping: bool,
 }
 
@@ -410,7 +433,8 @@ impl CoreEngine {
             active_free: (0..active_max).rev().collect(),
             completions: Vec::with_capacity(REAP_MAX),
             batches_waiting_max: config.batches_waiting_max.max(1),
-            verify_chunks: config.verify_chunks,
+            verify_chunks: config.verify_chunks || config.verify_all_reads,
+            widen_to_bytes: if config.verify_all_reads { CHUNK_SIZE_BYTES } else { 0 },
             stopping: false,
         }
     }
@@ -528,6 +552,7 @@ impl CoreEngine {
                 unit_bytes_max: self.unit_bytes_max,
                 base_offset_bytes: view.base_offset_bytes,
                 length_bytes: view.length_bytes,
+                widen_to_bytes: if view.chunk_crcs.is_empty() { 0 } else { self.widen_to_bytes },
             };
             let plan = plan_batch(&batch.ranges, geometry);
             let capacity = self.pool.capacity() as u32;
@@ -543,6 +568,7 @@ impl CoreEngine {
             self.active_free.pop();
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
+            let block_size_bytes = geometry.block_size_bytes;
             self.active[active_index] = Some(ActiveBatch {
                 slot: batch.dataset.index,
                 view,
@@ -551,6 +577,10 @@ impl CoreEngine {
                 units_pushed: 0,
                 units_done: 0,
                 unit_failed: vec![false; units],
+                retries: VecDeque::new(),
+                retries_left: vec![0; units],
+                bad_ranges: Vec::new(),
+                block_size_bytes,
                 reply: batch.reply,
             });
             if units == 0 {
@@ -559,10 +589,29 @@ impl CoreEngine {
         }
     }
 
-    /// Pushes the units of active batches while the queue has room.
+    /// Pushes block retries and units of active batches while the queue
+    /// has room.
     fn push_units(&mut self) {
         for index in 0..self.active.len() {
             let Some(batch) = self.active[index].as_mut() else { continue };
+            while let Some(&(unit_index, block)) = batch.retries.front() {
+                let unit = batch.plan.units[unit_index as usize];
+                let at = unit.slot_offset_bytes as usize + (block * batch.block_size_bytes) as usize;
+                let io = ReadIo {
+                    namespace_index: batch.slot,
+                    offset_bytes: unit.offset_bytes + u64::from(block * batch.block_size_bytes),
+                    len_bytes: batch.block_size_bytes,
+                    buf: batch.lease.arena().slot_ptr(batch.lease.slot(unit.lease_slot as usize), at),
+                    tag: retry_tag(index, unit_index, block),
+                };
+                // SAFETY: the block lies inside its unit's part of a slot this
+                // batch's lease owns; the failed unit's read has completed, so
+                // only this retry writes it until its completion is reaped.
+                if unsafe { self.queue.push_read(io) }.is_err() {
+                    return;
+                }
+                batch.retries.pop_front();
+            }
             while batch.units_pushed < batch.plan.units.len() {
                 let unit_index = batch.units_pushed;
                 let unit = batch.plan.units[unit_index];
@@ -575,7 +624,7 @@ impl CoreEngine {
                     offset_bytes: unit.offset_bytes,
                     len_bytes: unit.len_bytes,
                     buf,
-                    tag: ((index as u64) << 32) | unit_index as u64,
+                    tag: unit_tag(index, unit_index),
                 };
                 // SAFETY: `buf` is inside a slot this batch's lease owns; the
                 // plan gives each unit a disjoint, 4096-aligned range of it,
@@ -593,25 +642,47 @@ impl CoreEngine {
         completions.clear();
         let reaped = self.queue.reap(&mut completions, REAP_MAX);
         for completion in &completions {
-            let index = (completion.tag >> 32) as usize;
+            let index = (completion.tag >> 48) as usize;
             let unit_index = (completion.tag & u64::from(u32::MAX)) as usize;
             let batch = self.active[index].as_mut().expect("completion for an idle batch slot");
             let unit = batch.plan.units[unit_index];
-            let ok = completion.result >= 0 && completion.result as u32 >= unit.needed_bytes;
-            if !ok {
+            let finished_unit = if completion.tag & TAG_RETRY != 0 {
+                let block = ((completion.tag >> 32) & 0x7fff) as u32;
+                let start = unit.offset_bytes + u64::from(block * batch.block_size_bytes);
+                let needed = u64::from(unit.needed_bytes).saturating_sub(u64::from(block * batch.block_size_bytes));
+                let needed = needed.min(u64::from(batch.block_size_bytes));
+                if completion.result < 0 || (completion.result as u64) < needed {
+                    batch.bad_ranges.push((start, start + u64::from(batch.block_size_bytes)));
+                }
+                batch.retries_left[unit_index] -= 1;
+                batch.retries_left[unit_index] == 0
+            } else if completion.result >= 0 && completion.result as u32 >= unit.needed_bytes {
+                true
+            } else {
                 tracing::warn!(
                     core = self.id,
                     offset = unit.offset_bytes,
                     len = unit.len_bytes,
                     result = completion.result,
-                    "read failed"
+                    "read failed; retrying block by block"
                 );
-            }
-            batch.unit_failed[unit_index] = !ok;
-            batch.units_done += 1;
-            assert!(batch.units_done <= batch.plan.units.len(), "unit completed twice");
-            if batch.units_done == batch.plan.units.len() {
-                self.complete(index);
+                batch.unit_failed[unit_index] = true;
+                let blocks = unit.needed_bytes.div_ceil(batch.block_size_bytes).max(1);
+                if blocks == 1 {
+                    batch.bad_ranges.push((unit.offset_bytes, unit.offset_bytes + u64::from(unit.len_bytes)));
+                    true
+                } else {
+                    batch.retries.extend((0..blocks).map(|b| (unit_index as u32, b)));
+                    batch.retries_left[unit_index] = blocks;
+                    false
+                }
+            };
+            if finished_unit {
+                batch.units_done += 1;
+                assert!(batch.units_done <= batch.plan.units.len(), "unit completed twice");
+                if batch.units_done == batch.plan.units.len() {
+                    self.complete(index);
+                }
             }
         }
         self.completions = completions;
@@ -631,12 +702,13 @@ impl CoreEngine {
             }
             let (first, count) = plan.range_pieces[range];
             let pieces = &plan.pieces[first as usize..(first + count) as usize];
-            if pieces.iter().any(|p| batch.unit_failed[p.unit as usize]) {
+            let Some(head) = pieces.first() else { continue };
+            let ns_start = plan.units[head.unit as usize].offset_bytes + u64::from(head.unit_offset_bytes);
+            let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
+            if batch.bad_ranges.iter().any(|&(a, b)| a < ns_start + len && ns_start < b) {
                 plan.statuses[range] = RangeStatus::IoError;
             } else if !bad_chunks.is_empty() {
-                let start = plan.units[pieces[0].unit as usize].offset_bytes + u64::from(pieces[0].unit_offset_bytes)
-                    - batch.view.base_offset_bytes;
-                let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
+                let start = ns_start - batch.view.base_offset_bytes;
                 let (first_chunk, last_chunk) = (start / CHUNK_SIZE_BYTES, (start + len - 1) / CHUNK_SIZE_BYTES);
                 if bad_chunks.iter().any(|c| (first_chunk..=last_chunk).contains(c)) {
                     plan.statuses[range] = RangeStatus::ChecksumMismatch;

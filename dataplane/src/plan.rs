@@ -18,6 +18,9 @@ pub struct PlanGeometry {
     /// Where the dataset starts in its namespace (block-aligned).
     pub base_offset_bytes: u64,
     pub length_bytes: u64,
+    /// When non-zero, every read is widened to whole granules of this many
+    /// bytes (the checksum chunk), so that every byte served is verified.
+    pub widen_to_bytes: u64,
 }
 
 /// One block I/O of the plan.
@@ -86,15 +89,20 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
         range_pieces: vec![(0, 0); ranges.len()],
         ..BatchPlan::default()
     };
-    // Ranges with bytes to read, as (absolute start, absolute end, index).
-    let mut live: Vec<(u64, u64, u32)> = Vec::with_capacity(ranges.len());
+    // Ranges with bytes to read: (I/O start, I/O end, start, end, index),
+    // absolute; the I/O span is the range widened to granules if asked.
+    let mut live: Vec<(u64, u64, u64, u64, u32)> = Vec::with_capacity(ranges.len());
     for (index, range) in ranges.iter().enumerate() {
         let end = range.offset_bytes.checked_add(u64::from(range.len_bytes));
         match end {
             Some(end) if end <= geometry.length_bytes => {
                 if range.len_bytes > 0 {
                     let base = geometry.base_offset_bytes;
-                    live.push((base + range.offset_bytes, base + end, index as u32));
+                    let (io_start, io_end) = match geometry.widen_to_bytes {
+                        0 => (range.offset_bytes, end),
+                        g => (range.offset_bytes / g * g, end.next_multiple_of(g).min(geometry.length_bytes)),
+                    };
+                    live.push((base + io_start, base + io_end, base + range.offset_bytes, base + end, index as u32));
                 }
             }
             _ => plan.statuses[index] = RangeStatus::OutOfBounds,
@@ -129,7 +137,7 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
             });
             offset += len;
         }
-        for &(start, end, index) in &live[cursor..last] {
+        for &(_, _, start, end, index) in &live[cursor..last] {
             let first_piece = plan.pieces.len() as u32;
             let mut at = start;
             while at < end {
@@ -183,7 +191,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn geometry(length_bytes: u64, block_size_bytes: u32) -> PlanGeometry {
-        PlanGeometry { block_size_bytes, unit_bytes_max: 128 * 1024, base_offset_bytes: 0, length_bytes }
+        PlanGeometry {
+            block_size_bytes,
+            unit_bytes_max: 128 * 1024,
+            base_offset_bytes: 0,
+            length_bytes,
+            widen_to_bytes: 0,
+        }
     }
 
     fn range(offset_bytes: u64, len_bytes: u32) -> ByteRange {
@@ -280,6 +294,8 @@ mod tests {
                 range(offset, l.min(len as u32))
             }).collect();
             check_plan(&data, &ranges, geometry(len as u64, 1 << block_shift));
+            let widened = PlanGeometry { widen_to_bytes: 65_536, ..geometry(len as u64, 1 << block_shift) };
+            check_plan(&data, &ranges, widened);
         }
 
         /// A batch within the client's footprint budget fits twice its

@@ -18,6 +18,8 @@ pub enum ErrorCode {
     OversizedFrame,
     Protocol,
     Internal,
+    /// The node is at a limit (connections); try again later.
+    Busy,
 }
 
 /// What a client learns when it opens a dataset.

@@ -46,6 +46,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Read every chunk of a sealed dataset through the data plane and check
+    /// it against the manifest; exits 1 if any chunk is bad.
+    Scrub { name: String },
     /// List (and dump) the exact samples of one training step from a saved
     /// sampler state: the record-of-death workflow.
     Replay {
@@ -147,6 +150,7 @@ fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
+        Command::Scrub { name } => scrub(&api, name, cli.json),
         Command::Replay { state, step, global_batch, dump } => {
             replay(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
         }
@@ -531,5 +535,25 @@ fn replay(
             );
         }
     }
+    Ok(())
+}
+
+fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
+    let report: sluice_control::ScrubReport = api
+        .call(ureq::post(&api.url(&format!("/v1/datasets/{name}/scrub"))).call())?
+        .into_json()
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    } else {
+        println!("{name}: {} chunks, {} bytes, {} bad", report.chunks, report.bytes, report.bad_chunks.len());
+        for (chunk, status) in &report.bad_chunks {
+            println!("  chunk {chunk} (bytes {}..): {status}", chunk * sluice_dataplane::CHUNK_SIZE_BYTES);
+        }
+    }
+    if !report.bad_chunks.is_empty() {
+        return Err(format!("{name}: {} bad chunks", report.bad_chunks.len()));
+    }
+
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! seal, scrub) uses the [`Namespace`]'s synchronous calls; the hot path only
 //! the queues, which are owned by one core each and dispatched by enum.
 
+mod faulty;
 mod mem;
 mod uring;
 
@@ -14,6 +15,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use faulty::{FaultPlan, FaultyDriver, FaultyQueue};
 pub use mem::{MemDriver, MemQueue};
 pub use uring::{UringDriver, UringQueue};
 
@@ -137,6 +139,7 @@ pub struct ReadIo {
 pub enum Queue {
     Uring(UringQueue),
     Mem(MemQueue),
+    Faulty(Box<FaultyQueue>),
 }
 
 impl Queue {
@@ -146,6 +149,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.register_namespace(index, target),
             Self::Mem(q) => q.register_namespace(index, target),
+            Self::Faulty(q) => q.register_namespace(index, target),
         }
     }
 
@@ -153,6 +157,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.unregister_namespace(index),
             Self::Mem(q) => q.unregister_namespace(index),
+            Self::Faulty(q) => q.unregister_namespace(index),
         }
     }
 
@@ -168,6 +173,8 @@ impl Queue {
             Self::Uring(q) => unsafe { q.push_read(io) },
             // SAFETY: forwarded contract.
             Self::Mem(q) => unsafe { q.push_read(io) },
+            // SAFETY: forwarded contract.
+            Self::Faulty(q) => unsafe { q.push_read(io) },
         }
     }
 
@@ -176,6 +183,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.flush(),
             Self::Mem(_) => Ok(()),
+            Self::Faulty(q) => q.flush(),
         }
     }
 
@@ -184,6 +192,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.reap(out, max),
             Self::Mem(q) => q.reap(out, max),
+            Self::Faulty(q) => q.reap(out, max),
         }
     }
 
@@ -192,6 +201,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.wait(),
             Self::Mem(_) => Ok(()),
+            Self::Faulty(q) => q.wait(),
         }
     }
 
@@ -199,6 +209,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.in_flight(),
             Self::Mem(q) => q.in_flight(),
+            Self::Faulty(q) => q.in_flight(),
         }
     }
 
@@ -206,6 +217,7 @@ impl Queue {
         match self {
             Self::Uring(q) => q.describe(),
             Self::Mem(_) => "mem".to_string(),
+            Self::Faulty(q) => q.describe(),
         }
     }
 }

@@ -46,11 +46,23 @@ pub struct ServerConfig {
     pub credits: u32,
     /// A response not written within this is taken as a dead client.
     pub write_timeout: Duration,
+    /// Connections served at once; the next is told so and closed.
+    pub connections_max: usize,
+    /// Batch limits announced to clients, which split their batches to fit.
+    pub ranges_per_batch_max: u32,
+    pub batch_footprint_max_bytes: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { node_name: "sluice".into(), credits: 64, write_timeout: Duration::from_secs(30) }
+        Self {
+            node_name: "sluice".into(),
+            credits: 64,
+            write_timeout: Duration::from_secs(30),
+            connections_max: 4096,
+            ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
+            batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
+        }
     }
 }
 
@@ -62,17 +74,32 @@ pub async fn serve<R: DatasetResolver>(
     config: ServerConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
+                Ok((mut stream, peer)) => {
+                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                        tracing::warn!(%peer, "refusing a connection: {} are open", config.connections_max);
+                        let message = ControlMessage::Error {
+                            code: ErrorCode::Busy,
+                            message: format!("the node serves at most {} connections", config.connections_max),
+                        };
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&control_frame(&message))).await;
+                        });
+                        continue;
+                    };
                     let connection = Connection {
                         plane: Arc::clone(&plane),
                         resolver: Arc::clone(&resolver),
                         config: config.clone(),
                         peer,
                     };
-                    tokio::spawn(connection.run(stream));
+                    tokio::spawn(async move {
+                        connection.run(stream).await;
+                        drop(slot);
+                    });
                 }
                 Err(err) => {
                     tracing::warn!("accept: {err}");
@@ -178,8 +205,8 @@ impl<R: DatasetResolver> Connection<R> {
                             greeted = true;
                             ControlMessage::HelloOk {
                                 node: self.config.node_name.clone(),
-                                ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
-                                batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
+                                ranges_per_batch_max: self.config.ranges_per_batch_max,
+                                batch_footprint_max_bytes: self.config.batch_footprint_max_bytes,
                                 credits: self.config.credits.max(1),
                             }
                         }
