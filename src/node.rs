@@ -104,8 +104,20 @@ impl Node {
         });
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let server_config =
-            ServerConfig { node_name: config.name.clone(), credits: config.credits, ..ServerConfig::default() };
+        let server_config = ServerConfig {
+            node_name: config.name.clone(),
+            credits: config.credits,
+            write_timeout: std::time::Duration::from_millis(config.write_timeout_ms.max(1)),
+            connections_max: config.connections_max.max(1),
+            // Widened reads take up to two chunks more per range: announce
+            // limits under which a batch still fits a core's DMA slots.
+            ranges_per_batch_max: if config.verify_all_reads { 128 } else { sluice_rdma::wire::RANGES_PER_BATCH_MAX },
+            batch_footprint_max_bytes: if config.verify_all_reads {
+                4 << 20
+            } else {
+                sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES
+            },
+        };
         let data_task = tokio::spawn(serve(
             data_listener,
             Arc::clone(&plane),

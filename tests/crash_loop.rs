@@ -75,7 +75,11 @@ fn check_invariants(node: &NodeProcess, since: u64) {
             let dataset = client.open(name).expect("open sealed");
             let mut buf = vec![0u8; length as usize];
             let ranges: Vec<ReadRange> = (0..length / FILE_BYTES as u64)
-                .map(|i| ReadRange { offset: i * FILE_BYTES as u64, len: FILE_BYTES as u32, dest: i * FILE_BYTES as u64 })
+                .map(|i| ReadRange {
+                    offset: i * FILE_BYTES as u64,
+                    len: FILE_BYTES as u32,
+                    dest: i * FILE_BYTES as u64,
+                })
                 .collect();
             let statuses = dataset.read_batch(&ranges, &mut buf).expect("read");
             assert!(statuses.iter().all(|s| *s == RangeStatus::Ok), "{name}: {statuses:?}");
@@ -88,11 +92,8 @@ fn check_invariants(node: &NodeProcess, since: u64) {
         }
     }
     let dir = node.data_dir.join("namespaces");
-    let files: HashSet<String> = std::fs::read_dir(&dir)
-        .expect("namespaces")
-        .flatten()
-        .map(|e| e.path().display().to_string())
-        .collect();
+    let files: HashSet<String> =
+        std::fs::read_dir(&dir).expect("namespaces").flatten().map(|e| e.path().display().to_string()).collect();
     assert_eq!(files, expected_files, "no orphaned namespace files");
     let used: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
     assert_eq!(used, expected_bytes, "no space leaks");

@@ -27,6 +27,11 @@ pub const DATASET_SLOTS_MAX: u32 = 4096;
 const INBOX_DRAIN_MAX: usize = 64;
 /// Most completions reaped per loop turn.
 const REAP_MAX: usize = 256;
+const LATENCY_LANE: usize = 0;
+const BULK_LANE: usize = 1;
+/// A quarter of each core's slots is kept for the latency lane, so small
+/// reads still run while bulk responses wait on slow clients.
+const LATENCY_RESERVE_DIVISOR: usize = 4;
 
 /// Sizes of everything the data plane allocates at start-up.
 #[derive(Clone, Debug)]
@@ -44,6 +49,10 @@ pub struct DataPlaneConfig {
     pub batches_in_flight_max: usize,
     /// Batches waiting for slots before the inbox applies back-pressure.
     pub batches_waiting_max: usize,
+    /// Batches asking for at most this many bytes take the latency lane:
+    /// admitted before bulk batches, with a reserve of slots bulk batches
+    /// cannot take. The fallback steering when no policy is loaded.
+    pub latency_batch_bytes_max: u64,
     /// Depth of each core's inbox.
     pub inbox_depth: usize,
     /// Verify the CRC32C of every chunk a read covers whole.
@@ -62,6 +71,7 @@ impl Default for DataPlaneConfig {
             queue_depth: 256,
             batches_in_flight_max: 64,
             batches_waiting_max: 256,
+            latency_batch_bytes_max: 512 * 1024,
             inbox_depth: 1024,
             verify_chunks: true,
             verify_all_reads: false,
@@ -397,7 +407,9 @@ struct CoreEngine {
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
     detaching: Vec<(u32, oneshot::Sender<()>)>,
-    waiting: VecDeque<ReadBatch>,
+    /// Waiting batches per lane: latency first, then bulk.
+    waiting: [VecDeque<ReadBatch>; 2],
+    latency_batch_bytes_max: u64,
     active: Vec<Option<ActiveBatch>>,
     active_free: Vec<usize>,
     completions: Vec<Completion>,
@@ -428,7 +440,11 @@ impl CoreEngine {
             datasets: vec![None; DATASET_SLOTS_MAX as usize],
             slot_batches: vec![0; DATASET_SLOTS_MAX as usize],
             detaching: Vec::new(),
-            waiting: VecDeque::with_capacity(config.batches_waiting_max),
+            waiting: [
+                VecDeque::with_capacity(config.batches_waiting_max),
+                VecDeque::with_capacity(config.batches_waiting_max),
+            ],
+            latency_batch_bytes_max: config.latency_batch_bytes_max,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
             completions: Vec::with_capacity(REAP_MAX),
@@ -465,7 +481,7 @@ impl CoreEngine {
                 self.park();
             }
         }
-        for batch in self.waiting.drain(..) {
+        for batch in self.waiting.iter_mut().flat_map(|lane| lane.drain(..)) {
             let _ = batch.reply.send(Err(SubmitError::Shutdown));
         }
         tracing::debug!(core = self.id, "data-plane core stopped");
@@ -479,6 +495,13 @@ impl CoreEngine {
         let free_before = self.pool.free_count();
         self.pool.reclaim();
         if self.pool.free_count() == free_before {
+            tracing::debug!(
+                core = self.id,
+                waiting = self.waiting_count(),
+                free_slots = self.pool.free_count(),
+                active = self.active.len() - self.active_free.len(),
+                "parking"
+            );
             match self.inbox.blocking_recv() {
                 Some(msg) => self.handle(msg),
                 None => self.stopping = true,
@@ -489,7 +512,7 @@ impl CoreEngine {
 
     fn drain_inbox(&mut self) {
         for _ in 0..INBOX_DRAIN_MAX {
-            if self.waiting.len() >= self.batches_waiting_max {
+            if self.waiting_count() >= self.batches_waiting_max {
                 return;
             }
             match self.inbox.try_recv() {
@@ -508,7 +531,11 @@ impl CoreEngine {
             CoreMsg::Batch(batch) if self.stopping => {
                 let _ = batch.reply.send(Err(SubmitError::Shutdown));
             }
-            CoreMsg::Batch(batch) => self.waiting.push_back(batch),
+            CoreMsg::Batch(batch) => {
+                let bytes: u64 = batch.ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
+                let lane = if bytes <= self.latency_batch_bytes_max { LATENCY_LANE } else { BULK_LANE };
+                self.waiting[lane].push_back(batch);
+            }
             CoreMsg::Attach(slot, view) => {
                 self.queue.register_namespace(slot.index, &view.namespace.target());
                 self.datasets[slot.index as usize] = Some((slot.generation, view));
@@ -536,12 +563,29 @@ impl CoreEngine {
         }
     }
 
-    /// Plans waiting batches and starts those whose slots are free, in order.
+    fn waiting_count(&self) -> usize {
+        self.waiting.iter().map(VecDeque::len).sum()
+    }
+
+    /// Starts waiting batches whose slots are free: the latency lane first,
+    /// then bulk batches as long as they leave the latency reserve free.
     fn admit_waiting(&mut self) {
-        while let Some(batch) = self.waiting.front() {
+        self.admit_lane(LATENCY_LANE, 0);
+        let reserve = self.pool.capacity() / LATENCY_RESERVE_DIVISOR;
+        self.admit_lane(BULK_LANE, reserve);
+    }
+
+    /// Admits batches of `lane` in order while `reserve` slots stay free.
+    fn admit_lane(&mut self, lane: usize, reserve: usize) {
+        while let Some(batch) = self.waiting[lane].front() {
+            if batch.reply.is_closed() {
+                // Nobody waits for it any more: do not read it.
+                self.waiting[lane].pop_front();
+                continue;
+            }
             let attached = self.datasets.get(batch.dataset.index as usize).cloned().flatten();
             let Some(view) = attached.filter(|(g, _)| *g == batch.dataset.generation).map(|(_, v)| v) else {
-                if let Some(batch) = self.waiting.pop_front() {
+                if let Some(batch) = self.waiting[lane].pop_front() {
                     let _ = batch.reply.send(Err(SubmitError::UnknownDataset));
                 }
                 continue;
@@ -557,14 +601,20 @@ impl CoreEngine {
             let plan = plan_batch(&batch.ranges, geometry);
             let capacity = self.pool.capacity() as u32;
             if plan.slots_needed > capacity {
-                if let Some(batch) = self.waiting.pop_front() {
+                if let Some(batch) = self.waiting[lane].pop_front() {
                     let slots_needed = plan.slots_needed;
                     let _ = batch.reply.send(Err(SubmitError::TooLarge { slots_needed, capacity }));
                 }
                 continue;
             }
+            // A batch bigger than all but the reserve may take the reserve,
+            // or it could never run.
+            let reserve = if plan.slots_needed as usize + reserve > self.pool.capacity() { 0 } else { reserve };
+            if self.pool.free_count() < plan.slots_needed as usize + reserve {
+                return;
+            }
             let Some(lease) = self.pool.take(plan.slots_needed as usize) else { return };
-            let Some(batch) = self.waiting.pop_front() else { return };
+            let Some(batch) = self.waiting[lane].pop_front() else { return };
             self.active_free.pop();
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();

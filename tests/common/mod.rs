@@ -29,7 +29,7 @@ impl NodeProcess {
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
             .args(extra)
-            .env("SLUICE_LOG", "warn")
+            .env("SLUICE_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -118,4 +118,37 @@ pub fn sealed_dataset(node: &NodeProcess, name: &str, files: &[&Path]) {
     args.extend(files.iter().map(|p| p.to_str().expect("utf-8 path")));
     node.ctl_ok(&args);
     node.ctl_ok(&["dataset", "seal", name]);
+}
+
+impl NodeProcess {
+    /// (resident KiB, peak resident KiB) of the node process.
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Open file descriptors of the node process.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map(|d| d.count()).unwrap_or(0)
+    }
+}
+
+/// Waits up to `seconds` for `check` to hold.
+pub fn eventually(seconds: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check()
 }

@@ -311,6 +311,7 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
             Some((batch_id, range_count, outcome, permit)) = pending.next(), if !pending.is_empty() => {
                 let result = match outcome {
                     Ok(batch) => {
+                        tracing::debug!(%peer, batch_id, bytes = batch.payload_bytes(), "writing response");
                         let statuses: Vec<u8> = batch.statuses().iter().map(|s| *s as u8).collect();
                         wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, batch.payload_bytes());
                         let mut slices = Vec::with_capacity(1 + batch.statuses().len());
