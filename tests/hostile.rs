@@ -67,6 +67,8 @@ fn hostile_clients_do_not_hurt_good_ones() {
     let addr = node.data_addr.clone();
 
     // A thousand idle connections, held for the whole test.
+    // HOSTILE_PARTS picks the attacks (idle, junk, slowloris, non-readers)
+    // when chasing a regression; all run by default.
     let parts = std::env::var("HOSTILE_PARTS").unwrap_or_else(|_| "ijsn".into());
     let n_idle = if parts.contains('i') { IDLE_CONNECTIONS } else { 0 };
     let idle: Vec<TcpStream> = (0..n_idle).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
