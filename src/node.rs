@@ -138,6 +138,31 @@ impl Node {
         Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks: vec![data_task, control_task] })
     }
 
+    /// Drops root for `user` once devices, DMA memory and ports are held:
+    /// the data directory is handed to that user, then the process takes
+    /// its group and uid (every thread; glibc broadcasts setuid).
+    pub fn drop_privileges(&self, user: &str, data_dir: &std::path::Path) -> Result<(), String> {
+        use nix::unistd::{chown, setgid, setgroups, setuid, Uid, User};
+        if !Uid::effective().is_root() {
+            return Err(format!("--user {user} needs root; running as uid {}", Uid::effective()));
+        }
+        let account = User::from_name(user)
+            .map_err(|e| format!("looking up user {user}: {e}"))?
+            .ok_or_else(|| format!("no user named {user}"))?;
+        let mut stack = vec![data_dir.to_path_buf()];
+        while let Some(path) = stack.pop() {
+            chown(&path, Some(account.uid), Some(account.gid)).map_err(|e| format!("chown {}: {e}", path.display()))?;
+            if path.is_dir() {
+                let entries = std::fs::read_dir(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+        setgroups(&[account.gid]).map_err(|e| format!("setgroups: {e}"))?;
+        setgid(account.gid).map_err(|e| format!("setgid: {e}"))?;
+        setuid(account.uid).map_err(|e| format!("setuid: {e}"))?;
+        Ok(())
+    }
+
     pub fn control_url(&self) -> String {
         format!("http://{}", self.control_addr)
     }

@@ -33,6 +33,9 @@ struct Args {
     /// Data-plane cores.
     #[arg(long)]
     cores: Option<usize>,
+    /// Run as this user once devices, memory and ports are set up (root).
+    #[arg(long)]
+    user: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,9 @@ fn main() -> ExitCode {
     if let Some(cores) = args.cores {
         config.cores = cores;
     }
+    if args.user.is_some() {
+        config.user = args.user;
+    }
     match args.driver.as_deref() {
         Some("mem") => config.driver = DriverChoice::Mem,
         Some("uring") => config.driver = DriverChoice::Uring,
@@ -85,6 +91,7 @@ fn main() -> ExitCode {
 
 async fn run(config: NodeConfig) -> ExitCode {
     let data_dir = config.data_dir.clone();
+    let user = config.user.clone();
     let node = match Node::start(config).await {
         Ok(node) => node,
         Err(err) => {
@@ -92,6 +99,14 @@ async fn run(config: NodeConfig) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(user) = user {
+        if let Err(err) = node.drop_privileges(&user, &data_dir) {
+            eprintln!("sluiced: dropping privileges: {err}");
+            node.shutdown().await;
+            return ExitCode::FAILURE;
+        }
+        println!("sluiced: running as {user}");
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "sluiced: control API on {}", node.control_url());
     let _ = writeln!(out, "sluiced: data plane (tcp) on {}", node.data_addr);
