@@ -34,6 +34,14 @@ cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 echo "== tests"
 cargo test --workspace --no-fail-fast
 
+echo "== fuzz (short run of every target)"
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    echo "the nightly toolchain is missing; the fuzz targets need it (libFuzzer, -Zsanitizer)" >&2
+    exit 1
+fi
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
+bash scripts/fuzz.sh 15
+
 echo "== python package"
 # A virtual environment keeps the install off the system Python. maturin
 # builds the extension; the tests start the sluiced that cargo test built.

@@ -59,7 +59,11 @@ pub enum StateError {
 }
 
 fn hash_bytes(hash: &str) -> Result<[u8; 32], StateError> {
-    let hex = hash.strip_prefix("blake3:").filter(|h| h.len() == 64).ok_or_else(|| StateError::Hash(hash.into()))?;
+    // Lowercase only: the hash must compare equal to the node's, byte for byte.
+    let hex = hash
+        .strip_prefix("blake3:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .ok_or_else(|| StateError::Hash(hash.into()))?;
     let mut out = [0u8; 32];
     for (i, byte) in out.iter_mut().enumerate() {
         *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| StateError::Hash(hash.into()))?;
@@ -204,6 +208,16 @@ mod tests {
         let mut bytes = sample_state().encode().expect("encode");
         bytes[60] ^= 1;
         assert!(matches!(SamplerState::decode(&bytes), Err(StateError::Checksum)));
+    }
+
+    /// Found by fuzzing: an uppercase hex digit decoded, then encoded back
+    /// lowercase, so the state no longer named its dataset's hash.
+    #[test]
+    fn hash_must_be_canonical() {
+        let mut state = sample_state();
+        state.content_hash = format!("blake3:{}C{}", "ab".repeat(10), "d".repeat(43));
+        assert!(matches!(state.encode(), Err(StateError::Hash(_))));
+        assert!(SamplerState::from_json(&serde_json::to_string(&state).expect("json")).is_err());
     }
 
     proptest! {

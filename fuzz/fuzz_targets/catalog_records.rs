@@ -1,0 +1,13 @@
+//! Catalog records and the sample index as stored on disk.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sluice_control::{index, DatasetRecord};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(record) = serde_json::from_slice::<DatasetRecord>(data) {
+        let again = serde_json::to_vec(&record).expect("encode");
+        assert_eq!(serde_json::from_slice::<DatasetRecord>(&again).expect("round trip"), record);
+    }
+    let _ = index::decode(data);
+});
