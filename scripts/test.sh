@@ -26,6 +26,7 @@ fi
 echo "== format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path client/python/Cargo.toml -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 echo "== lint"
 cargo clippy --workspace --all-targets -- -D warnings
