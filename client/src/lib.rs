@@ -97,6 +97,22 @@ fn http_get(endpoint: &str, path: &str) -> Result<ureq::Response, ClientError> {
     })
 }
 
+/// A whole binary response body, fetched off the async threads.
+async fn http_get_bytes(endpoint: &str, path: String) -> Result<Vec<u8>, ClientError> {
+    let endpoint = endpoint.to_string();
+    let control_error =
+        |endpoint: &str, message: String| ClientError::Control { endpoint: endpoint.to_string(), message };
+    let asked = endpoint.clone();
+    tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut http_get(&asked, &path)?.into_reader(), &mut bytes)
+            .map_err(|e| control_error(&asked, e.to_string()))?;
+        Ok(bytes)
+    })
+    .await
+    .map_err(|e| control_error(&endpoint, e.to_string()))?
+}
+
 impl Client {
     /// Asks the control API at `endpoint` (e.g. `http://127.0.0.1:7070`) for
     /// the node's data address and connects to it over TCP.
@@ -135,16 +151,7 @@ impl Client {
     pub async fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
         let (handle, info) = self.transport.open(name, None).await?;
         let chunk_crcs = if options.verify_chunks {
-            let endpoint = self.endpoint.clone();
-            let path = format!("/v1/datasets/{name}/chunks");
-            let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut http_get(&endpoint, &path)?.into_reader(), &mut bytes)
-                    .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })?;
-                Ok(bytes)
-            })
-            .await
-            .map_err(|e| ClientError::Control { endpoint: self.endpoint.clone(), message: e.to_string() })??;
+            let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{name}/chunks")).await?;
             Some(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         } else {
             None
@@ -186,16 +193,7 @@ impl Dataset {
     /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
-        let endpoint = self.endpoint.clone();
-        let path = format!("/v1/datasets/{}/index", self.name);
-        let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut http_get(&endpoint, &path)?.into_reader(), &mut bytes)
-                .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })?;
-            Ok(bytes)
-        })
-        .await
-        .map_err(|e| ClientError::Control { endpoint: self.endpoint.clone(), message: e.to_string() })??;
+        let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{}/index", self.name)).await?;
         Ok(bytes
             .chunks_exact(16)
             .map(|e| {

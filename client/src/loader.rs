@@ -79,9 +79,8 @@ pub struct WindowLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
-    prefetch: usize,
     next_issue_step: u64,
-    in_flight: VecDeque<JoinHandle<Result<TokenBatch, LoaderError>>>,
+    in_flight: Prefetch<TokenBatch>,
 }
 
 impl WindowLoader {
@@ -130,16 +129,7 @@ impl WindowLoader {
         let domain = window_domain(state.domain_len, u64::from(state.window))?;
         let sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
         let next_issue_step = state.step();
-        Ok(Self {
-            dataset,
-            sampler,
-            state,
-            rank,
-            world,
-            prefetch: prefetch.clamp(1, PREFETCH_MAX),
-            next_issue_step,
-            in_flight: VecDeque::new(),
-        })
+        Ok(Self { dataset, sampler, state, rank, world, next_issue_step, in_flight: Prefetch::new(prefetch) })
     }
 
     /// The state after the last batch returned: saving it and building a
@@ -161,7 +151,7 @@ impl WindowLoader {
         let window_tokens = self.state.window;
         let len = window_tokens * token_bytes;
         let dataset = Arc::clone(&self.dataset);
-        self.in_flight.push_back(tokio::spawn(async move {
+        self.in_flight.push(tokio::spawn(async move {
             let ranges: Vec<ReadRange> = starts
                 .iter()
                 .enumerate()
@@ -180,20 +170,51 @@ impl WindowLoader {
 
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
-        while self.in_flight.len() < self.prefetch {
+        while self.in_flight.wants_more() {
             self.issue()?;
         }
-        let task = self.in_flight.pop_front().expect("at least one step in flight");
-        let batch = task.await.map_err(|e| LoaderError::Task(e.to_string()))??;
-        self.state.next_sample = (batch.step + 1) * self.state.global_batch;
-        self.state.epoch = self.state.next_sample / self.state.samples_per_epoch;
+        let batch = self.in_flight.next().await?;
+        advance(&mut self.state, batch.step);
         Ok(batch)
     }
 }
 
-impl Drop for WindowLoader {
+/// Moves a state past `step`.
+fn advance(state: &mut SamplerState, step: u64) {
+    state.next_sample = (step + 1) * state.global_batch;
+    state.epoch = state.next_sample / state.samples_per_epoch;
+}
+
+/// Steps read ahead, in order; aborted when dropped.
+struct Prefetch<T> {
+    depth: usize,
+    tasks: VecDeque<JoinHandle<Result<T, LoaderError>>>,
+}
+
+impl<T> Prefetch<T> {
+    fn new(depth: usize) -> Self {
+        let depth = depth.clamp(1, PREFETCH_MAX);
+        Self { depth, tasks: VecDeque::with_capacity(depth) }
+    }
+
+    fn wants_more(&self) -> bool {
+        self.tasks.len() < self.depth
+    }
+
+    fn push(&mut self, task: JoinHandle<Result<T, LoaderError>>) {
+        assert!(self.tasks.len() < self.depth, "prefetch beyond its depth");
+        self.tasks.push_back(task);
+    }
+
+    async fn next(&mut self) -> Result<T, LoaderError> {
+        let task = self.tasks.pop_front().expect("at least one step in flight");
+        task.await.map_err(|e| LoaderError::Task(e.to_string()))?
+    }
+}
+
+impl<T> Drop for Prefetch<T> {
     fn drop(&mut self) {
-        for task in &self.in_flight {
+        for task in &self.tasks {
             task.abort();
         }
     }
@@ -289,9 +310,8 @@ pub struct RecordLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
-    prefetch: usize,
     next_issue_step: u64,
-    in_flight: VecDeque<JoinHandle<Result<RecordBatch, LoaderError>>>,
+    in_flight: Prefetch<RecordBatch>,
 }
 
 impl RecordLoader {
@@ -337,17 +357,7 @@ impl RecordLoader {
         rank_slice(0, state.global_batch, rank, world)?;
         let sampler = IndexSampler::new(state.domain_len, state.samples_per_epoch, state.seed)?;
         let next_issue_step = state.step();
-        Ok(Self {
-            dataset,
-            index,
-            sampler,
-            state,
-            rank,
-            world,
-            prefetch: prefetch.clamp(1, PREFETCH_MAX),
-            next_issue_step,
-            in_flight: VecDeque::new(),
-        })
+        Ok(Self { dataset, index, sampler, state, rank, world, next_issue_step, in_flight: Prefetch::new(prefetch) })
     }
 
     pub fn state(&self) -> SamplerState {
@@ -370,7 +380,7 @@ impl RecordLoader {
         }
         offsets.push(dest as usize);
         let dataset = Arc::clone(&self.dataset);
-        self.in_flight.push_back(tokio::spawn(async move {
+        self.in_flight.push(tokio::spawn(async move {
             let mut data = vec![0u8; dest as usize];
             let statuses = dataset.read_batch(&ranges, &mut data).await?;
             if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
@@ -383,21 +393,11 @@ impl RecordLoader {
     }
 
     pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
-        while self.in_flight.len() < self.prefetch {
+        while self.in_flight.wants_more() {
             self.issue()?;
         }
-        let task = self.in_flight.pop_front().expect("at least one step in flight");
-        let batch = task.await.map_err(|e| LoaderError::Task(e.to_string()))??;
-        self.state.next_sample = (batch.step + 1) * self.state.global_batch;
-        self.state.epoch = self.state.next_sample / self.state.samples_per_epoch;
+        let batch = self.in_flight.next().await?;
+        advance(&mut self.state, batch.step);
         Ok(batch)
-    }
-}
-
-impl Drop for RecordLoader {
-    fn drop(&mut self) {
-        for task in &self.in_flight {
-            task.abort();
-        }
     }
 }

@@ -68,6 +68,18 @@ fn text(field: &[u8]) -> String {
     String::from_utf8_lossy(&field[..field.iter().position(|&b| b == 0).unwrap_or(field.len())]).into_owned()
 }
 
+/// A header's member path: ustar prefix and name.
+fn header_name(block: &[u8]) -> String {
+    let name = text(&block[..100]);
+    if &block[257..262] != b"ustar" {
+        return name;
+    }
+    match text(&block[345..500]) {
+        prefix if prefix.is_empty() => name,
+        prefix => format!("{prefix}/{name}"),
+    }
+}
+
 /// The WebDataset key of a member path: directory plus file name up to its
 /// first dot.
 pub fn sample_key(path: &str) -> (&str, &str) {
@@ -168,18 +180,7 @@ impl TarIndexer {
             }
             _ => {}
         }
-        let name = match self.pending_name.take() {
-            Some(name) => name,
-            None => {
-                let prefix = if &block[257..262] == b"ustar" { text(&block[345..500]) } else { String::new() };
-                let name = text(&block[..100]);
-                if prefix.is_empty() {
-                    name
-                } else {
-                    format!("{prefix}/{name}")
-                }
-            }
-        };
+        let name = self.pending_name.take().unwrap_or_else(|| header_name(block));
         let member_start = self.member_start.take().unwrap_or(start);
         let end = self.at + padded;
         if matches!(typeflag, b'0' | 0 | b'7') {
@@ -243,15 +244,7 @@ pub fn members(span: &[u8]) -> Result<Vec<(String, &[u8])>, TarError> {
             b'L' => long_name = Some(text(data)),
             b'x' | b'g' => {}
             b'0' | 0 | b'7' => {
-                let name = long_name.take().unwrap_or_else(|| {
-                    let prefix = if &block[257..262] == b"ustar" { text(&block[345..500]) } else { String::new() };
-                    let name = text(&block[..100]);
-                    if prefix.is_empty() {
-                        name
-                    } else {
-                        format!("{prefix}/{name}")
-                    }
-                });
+                let name = long_name.take().unwrap_or_else(|| header_name(block));
                 out.push((sample_key(&name).1.to_string(), data));
             }
             _ => {}
