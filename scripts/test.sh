@@ -13,8 +13,10 @@ $SUDO apt-get update -q
 # gcc/make/pkg-config: C parts of dependencies (blake3, io-uring's build).
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
 # python3 + venv + pip: the `sluice` Python package and its pytest suite.
+# clang + libbpf-dev: rebuild the BPF programs to check the committed objects.
 $SUDO apt-get install -y -q --no-install-recommends \
-    build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip
+    build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
+    clang libbpf-dev
 
 echo "== toolchain"
 cargo --version

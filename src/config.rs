@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub connections_max: usize,
     /// Drop root for this user once devices and ports are open.
     pub user: Option<String>,
+    /// Attach the eBPF trace program to this node's probes (needs root).
+    pub ebpf: bool,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
 }
@@ -90,6 +92,7 @@ impl Default for NodeConfig {
             write_timeout_ms: 30_000,
             connections_max: 4096,
             user: None,
+            ebpf: false,
             faults: None,
         }
     }

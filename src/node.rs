@@ -135,6 +135,12 @@ impl Node {
                 tracing::error!("control API: {err}");
             }
         });
+        if config.ebpf {
+            match attach_tracer(&control) {
+                Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),
+                Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
+            }
+        }
         Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks: vec![data_task, control_task] })
     }
 
@@ -181,4 +187,77 @@ impl Node {
         let plane = Arc::clone(&self.plane);
         let _ = tokio::task::spawn_blocking(move || plane.shutdown()).await;
     }
+}
+
+/// Slow batches kept for `GET /v1/trace`.
+const SLOW_BATCHES_KEPT: usize = 64;
+
+/// Attaches the trace program to this process's probe functions and serves
+/// its maps through the control plane.
+fn attach_tracer(control: &Arc<ControlPlane>) -> Result<(), String> {
+    use sluice_ebpf::{Scope, Tracer};
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let tracer = Tracer::attach(&exe, Scope::ThisProcess, std::time::Duration::from_millis(10)).map_err(|e| {
+        if e.is_permission() {
+            format!("{e} (loading BPF needs root, or CAP_BPF and CAP_PERFMON)")
+        } else {
+            e.to_string()
+        }
+    })?;
+    let state = std::sync::Mutex::new((tracer, std::collections::VecDeque::new()));
+    let catalog = Arc::downgrade(control);
+    control.set_trace_source(Arc::new(move || {
+        let Ok(mut state) = state.lock() else {
+            return serde_json::json!({ "available": false, "reason": "trace state poisoned" });
+        };
+        let (tracer, slow) = &mut *state;
+        if let Ok(batches) = tracer.slow_batches() {
+            for batch in batches {
+                if slow.len() == SLOW_BATCHES_KEPT {
+                    slow.pop_front();
+                }
+                slow.push_back(batch);
+            }
+        }
+        let names: std::collections::HashMap<u64, String> = catalog
+            .upgrade()
+            .and_then(|c| c.list().ok())
+            .map(|records| records.into_iter().map(|r| (r.id, r.name)).collect())
+            .unwrap_or_default();
+        let lane = |l: u64| if l == 0 { "latency" } else { "bulk" };
+        let entries: Vec<serde_json::Value> = match tracer.snapshot() {
+            Ok(entries) => entries
+                .iter()
+                .map(|(key, stats)| {
+                    serde_json::json!({
+                        "dataset_id": key.dataset_id,
+                        "dataset": names.get(&key.dataset_id),
+                        "lane": lane(u64::from(key.lane)),
+                        "batches": stats.batches,
+                        "ranges": stats.ranges,
+                        "bytes": stats.bytes,
+                        "failed_ranges": stats.failed_ranges,
+                        "size_log2": stats.size_log2.to_vec(),
+                        "latency_log2_us": stats.latency_log2_us.to_vec(),
+                    })
+                })
+                .collect(),
+            Err(err) => return serde_json::json!({ "available": false, "reason": err.to_string() }),
+        };
+        let slow_batches: Vec<serde_json::Value> = slow
+            .iter()
+            .map(|b| {
+                serde_json::json!({
+                    "dataset_id": b.dataset_id,
+                    "client_id": b.client_id,
+                    "lane": lane(u64::from(b.lane)),
+                    "ranges": b.ranges,
+                    "bytes": b.bytes,
+                    "latency_us": b.complete_ns.saturating_sub(b.submit_ns) / 1000,
+                })
+            })
+            .collect();
+        serde_json::json!({ "available": true, "entries": entries, "slow_batches": slow_batches })
+    }));
+    Ok(())
 }

@@ -22,6 +22,7 @@ pub type Shared = Arc<ControlPlane>;
 pub fn router(control: Shared) -> Router {
     Router::new()
         .route("/v1/node", get(node))
+        .route("/v1/trace", get(trace))
         .route("/v1/datasets", get(list).post(create))
         .route("/v1/datasets/{name}", get(stat).delete(remove))
         .route("/v1/datasets/{name}/ingest", post(ingest).layer(DefaultBodyLimit::disable()))
@@ -196,4 +197,9 @@ async fn stage_index(
 /// Verifies every chunk of a sealed dataset as read through the data plane.
 async fn scrub(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.scrub(&name).await?))
+}
+
+/// Live small-read traffic from the eBPF probes (`sluicectl top`).
+async fn trace(State(control): State<Shared>) -> impl IntoResponse {
+    Json(control.trace_snapshot())
 }

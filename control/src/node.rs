@@ -94,7 +94,11 @@ pub struct ControlPlane {
     attached: tokio::sync::Mutex<HashMap<String, Attached>>,
     busy: Mutex<HashSet<String>>,
     info: RwLock<NodeInfo>,
+    trace: RwLock<Option<TraceSource>>,
 }
+
+/// Produces the eBPF trace snapshot `GET /v1/trace` serves.
+pub type TraceSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Marks a dataset busy for the life of one ingest, seal or delete.
 pub struct BusyGuard<'a> {
@@ -139,6 +143,7 @@ impl ControlPlane {
             attached: tokio::sync::Mutex::new(HashMap::new()),
             busy: Mutex::new(HashSet::new()),
             info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
+            trace: RwLock::new(None),
         };
         control.recover()?;
         Ok(control)
@@ -187,6 +192,24 @@ impl ControlPlane {
     pub fn set_info(&self, update: impl FnOnce(&mut NodeInfo)) {
         if let Ok(mut info) = self.info.write() {
             update(&mut info);
+        }
+    }
+
+    /// Sets where trace snapshots come from (the node's eBPF tracer).
+    pub fn set_trace_source(&self, source: TraceSource) {
+        if let Ok(mut trace) = self.trace.write() {
+            *trace = Some(source);
+        }
+    }
+
+    /// The current trace snapshot, or why there is none.
+    pub fn trace_snapshot(&self) -> serde_json::Value {
+        match self.trace.read().ok().and_then(|t| t.clone()) {
+            Some(source) => source(),
+            None => serde_json::json!({
+                "available": false,
+                "reason": "eBPF tracing is off: start sluiced with --ebpf (as root)",
+            }),
         }
     }
 
@@ -469,6 +492,7 @@ impl ControlPlane {
             });
         }
         let view = DatasetView {
+            dataset_id: record.id,
             namespace: self.namespace(&record)?,
             base_offset_bytes: record.namespace.base_offset_bytes,
             length_bytes: record.length_bytes,

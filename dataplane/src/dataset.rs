@@ -51,6 +51,8 @@ impl RangeStatus {
 
 /// A sealed dataset as the data plane serves it: immutable, shared by cores.
 pub struct DatasetView {
+    /// Catalog id, reported to probes.
+    pub dataset_id: u64,
     pub namespace: Arc<dyn Namespace>,
     /// Byte offset of the dataset's first byte inside the namespace; a
     /// multiple of the namespace's block size.

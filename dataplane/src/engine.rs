@@ -19,6 +19,10 @@ use crate::dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
 use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
+use crate::probe::{
+    monotonic_ns, size_bucket, sluice_probe_batch_complete, sluice_probe_batch_submit, BatchProbe, LANE_BULK,
+    LANE_LATENCY,
+};
 
 /// Most datasets attached to one node at once.
 pub const DATASET_SLOTS_MAX: u32 = 4096;
@@ -102,6 +106,8 @@ pub enum SubmitError {
 /// A batch of reads of one dataset.
 pub struct ReadBatch {
     pub dataset: DatasetSlot,
+    /// Which connection sent it (reported to probes).
+    pub client_id: u32,
     pub ranges: Vec<ByteRange>,
     pub reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
 }
@@ -337,7 +343,7 @@ impl DataPlane {
     /// Submits and waits for the result.
     pub async fn read(&self, dataset: DatasetSlot, ranges: Vec<ByteRange>) -> Result<BatchResult, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(ReadBatch { dataset, ranges, reply }).await?;
+        self.submit(ReadBatch { dataset, client_id: 0, ranges, reply }).await?;
         rx.await.map_err(|_| SubmitError::Shutdown)?
     }
 
@@ -383,6 +389,7 @@ struct ActiveBatch {
     /// Namespace byte ranges that could not be read.
     bad_ranges: Vec<(u64, u64)>,
     block_size_bytes: u32,
+    probe: BatchProbe,
     reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
 }
 
@@ -417,6 +424,8 @@ struct CoreEngine {
     unit_bytes_max: u32,
     verify_chunks: bool,
     widen_to_bytes: u64,
+    /// Origin of probe timestamps.
+    clock: std::time::Instant,
     stopping: bool,
 }
 
@@ -451,6 +460,7 @@ impl CoreEngine {
             batches_waiting_max: config.batches_waiting_max.max(1),
             verify_chunks: config.verify_chunks || config.verify_all_reads,
             widen_to_bytes: if config.verify_all_reads { CHUNK_SIZE_BYTES } else { 0 },
+            clock: std::time::Instant::now(),
             stopping: false,
         }
     }
@@ -619,6 +629,19 @@ impl CoreEngine {
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
             let block_size_bytes = geometry.block_size_bytes;
+            let mut probe = BatchProbe {
+                dataset_id: view.dataset_id,
+                client_id: batch.client_id,
+                lane: if lane == LATENCY_LANE { LANE_LATENCY } else { LANE_BULK },
+                ranges: batch.ranges.len() as u32,
+                submit_ns: monotonic_ns(self.clock),
+                ..BatchProbe::default()
+            };
+            for range in &batch.ranges {
+                probe.bytes += u64::from(range.len_bytes);
+                probe.size_hist[size_bucket(range.len_bytes)] += 1;
+            }
+            sluice_probe_batch_submit(&probe);
             self.active[active_index] = Some(ActiveBatch {
                 slot: batch.dataset.index,
                 view,
@@ -631,6 +654,7 @@ impl CoreEngine {
                 retries_left: vec![0; units],
                 bad_ranges: Vec::new(),
                 block_size_bytes,
+                probe,
                 reply: batch.reply,
             });
             if units == 0 {
@@ -765,6 +789,9 @@ impl CoreEngine {
                 }
             }
         }
+        batch.probe.complete_ns = monotonic_ns(self.clock);
+        batch.probe.failed_ranges = plan.statuses.iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
+        sluice_probe_batch_complete(&batch.probe);
         let result = BatchResult { plan: batch.plan, lease: batch.lease };
         // A closed reply means the requester left; dropping the result
         // returns its slots.
@@ -884,6 +911,7 @@ mod tests {
             ns.sync().expect("sync");
             let plane = DataPlane::start(Arc::clone(&driver), small_config()).expect("start");
             let view = DatasetView {
+                dataset_id: 1,
                 namespace: ns,
                 base_offset_bytes: 0,
                 length_bytes: data.len() as u64,

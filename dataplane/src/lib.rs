@@ -11,6 +11,7 @@ pub mod dma;
 pub mod driver;
 pub mod engine;
 pub mod plan;
+pub mod probe;
 
 pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 pub use dma::{Arena, SlotLease};

@@ -46,6 +46,15 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Live small-read traffic from the node's eBPF probes.
+    Top {
+        /// Print one snapshot and exit.
+        #[arg(long)]
+        once: bool,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// Read every chunk of a sealed dataset through the data plane and check
     /// it against the manifest; exits 1 if any chunk is bad.
     Scrub { name: String },
@@ -151,6 +160,7 @@ fn run(cli: &Cli) -> Result<()> {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
         Command::Scrub { name } => scrub(&api, name, cli.json),
+        Command::Top { once, interval } => top(&api, *once, *interval, cli.json),
         Command::Replay { state, step, global_batch, dump } => {
             replay(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
         }
@@ -556,4 +566,71 @@ fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
     }
 
     Ok(())
+}
+
+fn top(api: &Api, once: bool, interval: f64, json: bool) -> Result<()> {
+    let mut previous: std::collections::HashMap<(u64, String), u64> = std::collections::HashMap::new();
+    loop {
+        let snapshot: Value = api.get_json("/v1/trace")?;
+        if json {
+            println!("{snapshot}");
+        } else {
+            if !once {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", render_top(&snapshot, &mut previous, interval));
+        }
+        if once {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs_f64(interval.max(0.1)));
+    }
+}
+
+/// The median of a log2 histogram, as the bucket's upper bound.
+fn log2_median(buckets: &[Value]) -> Option<u64> {
+    let counts: Vec<u64> = buckets.iter().map(|b| b.as_u64().unwrap_or(0)).collect();
+    let total: u64 = counts.iter().sum();
+    let mut seen = 0;
+    for (bucket, count) in counts.iter().enumerate() {
+        seen += count;
+        if total > 0 && seen * 2 >= total {
+            return Some(2u64 << bucket);
+        }
+    }
+    None
+}
+
+fn render_top(snapshot: &Value, previous: &mut std::collections::HashMap<(u64, String), u64>, interval: f64) -> String {
+    if snapshot["available"] != Value::Bool(true) {
+        return format!("no trace: {}\n", snapshot["reason"].as_str().unwrap_or("unknown"));
+    }
+    let mut out = format!(
+        "{:<24} {:<8} {:>10} {:>9} {:>12} {:>14} {:>8} {:>12} {:>14}\n",
+        "DATASET", "LANE", "BATCHES", "BATCH/S", "RANGES", "BYTES", "FAILED", "SIZE p50 B", "LATENCY p50 us"
+    );
+    for entry in snapshot["entries"].as_array().into_iter().flatten() {
+        let id = entry["dataset_id"].as_u64().unwrap_or(0);
+        let lane = entry["lane"].as_str().unwrap_or("?").to_string();
+        let batches = entry["batches"].as_u64().unwrap_or(0);
+        let rate = previous.insert((id, lane.clone()), batches).map(|p| (batches - p.min(batches)) as f64 / interval);
+        let name = entry["dataset"].as_str().map(str::to_string).unwrap_or_else(|| format!("#{id}"));
+        let size = entry["size_log2"].as_array().and_then(|h| log2_median(h));
+        let latency = entry["latency_log2_us"].as_array().and_then(|h| log2_median(h));
+        out.push_str(&format!(
+            "{:<24} {:<8} {:>10} {:>9} {:>12} {:>14} {:>8} {:>12} {:>14}\n",
+            name,
+            lane,
+            batches,
+            rate.map(|r| format!("{r:.0}")).unwrap_or_else(|| "-".into()),
+            entry["ranges"],
+            entry["bytes"],
+            entry["failed_ranges"],
+            size.map(|s| format!("<{s}")).unwrap_or_else(|| "-".into()),
+            latency.map(|l| format!("<{l}")).unwrap_or_else(|| "-".into()),
+        ));
+    }
+    let slow = snapshot["slow_batches"].as_array().map_or(0, Vec::len);
+    out.push_str(&format!("slow batches (>= 10 ms) kept: {slow}\n"));
+    out
 }

@@ -36,6 +36,9 @@ struct Args {
     /// Run as this user once devices, memory and ports are set up (root).
     #[arg(long)]
     user: Option<String>,
+    /// Trace small-read traffic with eBPF (needs root; `sluicectl top`).
+    #[arg(long)]
+    ebpf: bool,
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
     if let Some(cores) = args.cores {
         config.cores = cores;
     }
+    config.ebpf |= args.ebpf;
     if args.user.is_some() {
         config.user = args.user;
     }

@@ -75,6 +75,7 @@ pub async fn serve<R: DatasetResolver>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
+    let mut next_client_id = 0u32;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -90,7 +91,9 @@ pub async fn serve<R: DatasetResolver>(
                         });
                         continue;
                     };
+                    next_client_id = next_client_id.wrapping_add(1);
                     let connection = Connection {
+                        client_id: next_client_id,
                         plane: Arc::clone(&plane),
                         resolver: Arc::clone(&resolver),
                         config: config.clone(),
@@ -151,6 +154,7 @@ impl Fatal {
 }
 
 struct Connection<R> {
+    client_id: u32,
     plane: Arc<DataPlane>,
     resolver: Arc<R>,
     config: ServerConfig,
@@ -259,7 +263,11 @@ impl<R: DatasetResolver> Connection<R> {
                         .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
                         .collect();
                     let (reply, result) = oneshot::channel();
-                    let outgoing = match self.plane.submit(ReadBatch { dataset: slot, ranges, reply }).await {
+                    let outgoing = match self
+                        .plane
+                        .submit(ReadBatch { dataset: slot, client_id: self.client_id, ranges, reply })
+                        .await
+                    {
                         Ok(()) => Outgoing::Batch { batch_id, range_count, result, permit },
                         Err(_) => Outgoing::Failed { batch_id, range_count, status: BatchStatus::ShuttingDown, permit },
                     };

@@ -1,0 +1,69 @@
+//! The probe ABI: functions the data plane calls once per batch, each with a
+//! pointer to a `#[repr(C)]` struct, for BPF uprobes to attach to. With
+//! nothing attached a probe costs one call. The C side of the same structs
+//! is `ebpf/include/sluice_probes.h`; the `sluice-ebpf` crate's layout test
+//! fails if they differ.
+
+use std::time::Instant;
+
+/// log2 buckets of range sizes (`SLUICE_SIZE_BUCKETS`).
+pub const SIZE_BUCKETS: usize = 24;
+pub const LANE_LATENCY: u8 = 0;
+pub const LANE_BULK: u8 = 1;
+
+/// `struct sluice_batch_probe`.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct BatchProbe {
+    pub dataset_id: u64,
+    pub client_id: u32,
+    pub lane: u8,
+    pub pad: [u8; 3],
+    pub ranges: u32,
+    pub failed_ranges: u32,
+    pub bytes: u64,
+    pub submit_ns: u64,
+    pub complete_ns: u64,
+    pub size_hist: [u32; SIZE_BUCKETS],
+}
+
+const _: () = assert!(size_of::<BatchProbe>() == 144);
+
+/// The log2 bucket of a range of `len` bytes.
+pub fn size_bucket(len: u32) -> usize {
+    (31 - len.max(1).leading_zeros() as usize).min(SIZE_BUCKETS - 1)
+}
+
+/// Nanoseconds on a monotonic clock shared by every core.
+pub fn monotonic_ns(origin: Instant) -> u64 {
+    origin.elapsed().as_nanos() as u64
+}
+
+/// Called when a core admits a batch.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
+    std::hint::black_box(probe);
+}
+
+/// Called when a batch completes, before its reply is sent.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn sluice_probe_batch_complete(probe: *const BatchProbe) {
+    std::hint::black_box(probe);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sizes land in their power-of-two bucket; the last takes the rest.
+    #[test]
+    fn buckets() {
+        assert_eq!(size_bucket(0), 0);
+        assert_eq!(size_bucket(1), 0);
+        assert_eq!(size_bucket(4095), 11);
+        assert_eq!(size_bucket(4096), 12);
+        assert_eq!(size_bucket(u32::MAX), SIZE_BUCKETS - 1);
+    }
+}
