@@ -942,8 +942,13 @@ mod tests {
         let manifest = crcs(&data);
         ns.write_at(CHUNK_SIZE_BYTES + 5, &[0]).expect("corrupt");
         let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
-        let view =
-            DatasetView { namespace: ns, base_offset_bytes: 0, length_bytes: data.len() as u64, chunk_crcs: manifest };
+        let view = DatasetView {
+            dataset_id: 1,
+            namespace: ns,
+            base_offset_bytes: 0,
+            length_bytes: data.len() as u64,
+            chunk_crcs: manifest,
+        };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
             let whole = |c: u64| ByteRange { offset_bytes: c * CHUNK_SIZE_BYTES, len_bytes: CHUNK_SIZE_BYTES as u32 };
@@ -968,6 +973,7 @@ mod tests {
         let config = DataPlaneConfig { cores: 1, slots_per_core: 16, ..small_config() };
         let plane = Arc::new(DataPlane::start(Arc::new(MemDriver), config).expect("start"));
         let view = DatasetView {
+            dataset_id: 1,
             namespace: ns,
             base_offset_bytes: 0,
             length_bytes: data.len() as u64,
