@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Cost of the eBPF trace: `sluicectl bench read` (4 KiB, batches of 64) on
+# the same dataset with the node started with and without --ebpf,
+# alternating ROUNDS times, SECONDS each. Needs root for --ebpf.
+#
+#   bench/probe-overhead.sh [ROUNDS] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+SECONDS_EACH=${2:-5}
+cargo build --release -q --bin sluiced --bin sluicectl
+BIN=target/release
+WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-probe.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+start_node() { # extra flags
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered "$@" \
+        >"$WORK/node.out" 2>"$WORK/node.err" &
+    NODE_PID=$!
+    for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
+    export SLUICE_ENDPOINT=$(grep -o 'http://[0-9.:]*' "$WORK/node.out")
+}
+stop_node() { kill "$NODE_PID"; wait "$NODE_PID" || true; }
+iops() {
+    "$BIN/sluicectl" bench read probe --size 4096 --batch 64 --inflight 2 --seconds "$SECONDS_EACH" --json |
+        sed 's/.*"iops":\([0-9.]*\).*/\1/'
+}
+
+start_node
+head -c $((256 << 20)) /dev/urandom >"$WORK/data.bin"
+"$BIN/sluicectl" dataset create probe --kind bytes >/dev/null
+"$BIN/sluicectl" dataset ingest probe "$WORK/data.bin" >/dev/null
+"$BIN/sluicectl" dataset seal probe >/dev/null
+stop_node
+
+echo "| round | IOPS without probes | IOPS with --ebpf | with / without |"
+echo "| --- | --- | --- | --- |"
+for round in $(seq "$ROUNDS"); do
+    start_node; off=$(iops); stop_node
+    start_node --ebpf; on=$(iops)
+    "$BIN/sluicectl" top --json --once | grep -q '"available":true' || { echo "eBPF did not attach (root?)" >&2; exit 1; }
+    stop_node
+    printf '| %d | %.0f | %.0f | %.3f |\n' "$round" "$off" "$on" "$(python3 -c "print($on/$off)")"
+done
