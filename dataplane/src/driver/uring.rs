@@ -198,10 +198,9 @@ impl UringQueue {
             (false, false) => opcode::Read::new(types::Fd(fd), io.buf, io.len_bytes).offset(io.offset_bytes).build(),
         };
         let entry = entry.user_data(io.tag);
-        // SAFETY: the buffer stays valid and untouched until this tag's
-        // completion is reaped (caller's contract); the fd stays open while
-        // the namespace is registered, and it is only unregistered with no
-        // I/O in flight for it.
+        // SAFETY: the buffer stays valid and untouched until this tag's completion
+        // is reaped (caller's contract); the fd stays open while registered, and
+        // a namespace is unregistered only with no I/O in flight for it.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         pushed.map_err(|_| QueueFull)?;
         self.in_flight += 1;
