@@ -6,23 +6,18 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const ENTRY_BYTES: u64 = 16;
 
 pub struct IndexFile {
-    path: PathBuf,
     file: File,
 }
 
 impl IndexFile {
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        Ok(Self { path: path.to_path_buf(), file })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Self { file })
     }
 
     /// Writes `entries` after the first `committed` and makes them durable.

@@ -63,17 +63,6 @@ pub struct DatasetView {
     pub chunk_crcs: Arc<[u32]>,
 }
 
-impl DatasetView {
-    /// Whether `range` lies inside the dataset.
-    pub fn contains(&self, range: ByteRange) -> bool {
-        range.offset_bytes.checked_add(u64::from(range.len_bytes)).is_some_and(|end| end <= self.length_bytes)
-    }
-
-    pub fn chunk_count(&self) -> u64 {
-        self.length_bytes.div_ceil(CHUNK_SIZE_BYTES)
-    }
-}
-
 impl std::fmt::Debug for DatasetView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetView")

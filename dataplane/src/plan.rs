@@ -62,11 +62,6 @@ impl BatchPlan {
         let (first, count) = self.range_pieces[range_index];
         &self.pieces[first as usize..(first + count) as usize]
     }
-
-    /// Total bytes the ranges that are `Ok` deliver.
-    pub fn payload_bytes(&self) -> u64 {
-        self.pieces.iter().map(|p| u64::from(p.len_bytes)).sum()
-    }
 }
 
 /// Upper bound on the DMA bytes one range of `len_bytes` can take, at any

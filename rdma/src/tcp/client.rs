@@ -75,7 +75,6 @@ pub struct TcpClient {
     credits: Arc<Semaphore>,
     next_batch_id: AtomicU64,
     limits: NodeLimits,
-    node: String,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -94,19 +93,17 @@ impl TcpClient {
             credits: Arc::new(Semaphore::new(1)),
             next_batch_id: AtomicU64::new(1),
             limits: NodeLimits { ranges_per_batch_max: 1, batch_footprint_max_bytes: 0, credits: 1 },
-            node: String::new(),
             reader,
         };
         let hello = ControlMessage::Hello { protocol: 1, client: client_name.to_string() };
         match client.control_request(&hello).await? {
-            ControlMessage::HelloOk { node, ranges_per_batch_max, batch_footprint_max_bytes, credits } => {
+            ControlMessage::HelloOk { node: _, ranges_per_batch_max, batch_footprint_max_bytes, credits } => {
                 client.limits = NodeLimits {
                     ranges_per_batch_max: ranges_per_batch_max.clamp(1, wire::RANGES_PER_BATCH_MAX),
                     batch_footprint_max_bytes: batch_footprint_max_bytes.min(wire::BATCH_FOOTPRINT_MAX_BYTES),
                     credits: credits.max(1),
                 };
                 client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
-                client.node = node;
                 Ok(client)
             }
             other => Err(TransportError::Protocol(format!("expected HelloOk, got {other:?}"))),
@@ -115,10 +112,6 @@ impl TcpClient {
 
     pub fn limits(&self) -> NodeLimits {
         self.limits
-    }
-
-    pub fn node(&self) -> &str {
-        &self.node
     }
 
     /// Opens a dataset by name; returns its handle on this connection.

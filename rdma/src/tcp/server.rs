@@ -319,9 +319,9 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
             Some((batch_id, range_count, outcome, permit)) = pending.next(), if !pending.is_empty() => {
                 let result = match outcome {
                     Ok(batch) => {
-                        tracing::debug!(%peer, batch_id, bytes = batch.payload_bytes(), "writing response");
+                        let payload_bytes = batch.payload_bytes();
                         let statuses: Vec<u8> = batch.statuses().iter().map(|s| *s as u8).collect();
-                        wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, batch.payload_bytes());
+                        wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, payload_bytes);
                         let mut slices = Vec::with_capacity(1 + batch.statuses().len());
                         slices.push(IoSlice::new(&head));
                         slices.extend(batch.io_slices());
