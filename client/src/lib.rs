@@ -25,6 +25,7 @@ use futures_util::future::join_all;
 use sluice_dataplane::plan::footprint_bound_bytes;
 use sluice_rdma::tcp::{TcpClient, TransportError};
 use sluice_rdma::wire::RangeDescriptor;
+pub use sluice_rdma::NodeInfo;
 use sluice_rdma::OpenInfo;
 use zerocopy_le::{U32, U64};
 
@@ -58,16 +59,6 @@ pub enum ClientError {
     Destination { index: usize, dest: u64, len: u32, buf_len: usize },
     #[error("node's data address {0:?} is not host:port")]
     BadAddress(String),
-}
-
-/// What the node's control API says about itself.
-#[derive(Clone, Debug, serde::Deserialize)]
-pub struct NodeInfo {
-    pub name: String,
-    pub version: String,
-    pub data_addr: String,
-    pub control_addr: String,
-    pub driver: String,
 }
 
 #[derive(Clone, Copy, Debug, Default)]

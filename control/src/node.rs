@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use sluice_dataplane::driver::DriverKind;
 use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec, CHUNK_SIZE_BYTES};
 use sluice_rdma::tcp::{DatasetResolver, OpenError};
-use sluice_rdma::{ErrorCode, OpenInfo};
+use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
 use crate::catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 use crate::index::IndexFile;
@@ -22,18 +22,6 @@ use crate::kind::DatasetKind;
 const SEAL_READ_BYTES: usize = 4 << 20;
 /// Largest staged record index (offsets file) accepted.
 pub const STAGED_INDEX_BYTES_MAX: usize = 512 << 20;
-
-/// What `GET /v1/node` reports.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct NodeInfo {
-    pub name: String,
-    pub version: String,
-    /// `host:port` of the data plane (TCP transport).
-    pub data_addr: String,
-    pub control_addr: String,
-    pub driver: String,
-    pub data_dir: String,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {

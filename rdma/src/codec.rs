@@ -22,6 +22,20 @@ pub enum ErrorCode {
     Busy,
 }
 
+/// What a node's control API (`GET /v1/node`) says about the node; clients
+/// read the data-plane address from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub version: String,
+    /// `host:port` of the data plane (TCP transport).
+    pub data_addr: String,
+    pub control_addr: String,
+    pub driver: String,
+    #[serde(default)]
+    pub data_dir: String,
+}
+
 /// What a client learns when it opens a dataset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenInfo {

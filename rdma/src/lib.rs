@@ -7,5 +7,5 @@ pub mod codec;
 pub mod tcp;
 pub mod wire;
 
-pub use codec::{ControlMessage, ErrorCode, OpenInfo};
+pub use codec::{ControlMessage, ErrorCode, NodeInfo, OpenInfo};
 pub use wire::{BatchStatus, RangeDescriptor};

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use super::control_frame;
+use super::{control_frame, read_frame_header};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 
@@ -210,14 +210,9 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Mutex<Shared>>) {
 }
 
 async fn read_frames(reader: &mut OwnedReadHalf, shared: &Mutex<Shared>) -> Result<(), TransportError> {
-    let mut header = [0u8; FrameHeader::SIZE];
     let mut statuses = Vec::new();
     loop {
-        match reader.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(err) => return Err(err.into()),
-        }
+        let Some(header) = read_frame_header(reader).await? else { return Ok(()) };
         let (kind, len) = wire::parse_frame_header(&header, true)?;
         match kind {
             FrameKind::Control => {

@@ -32,6 +32,19 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &
     Ok(())
 }
 
+/// Reads the next frame header; `None` when the peer closed the stream
+/// cleanly between frames.
+async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+) -> io::Result<Option<[u8; crate::wire::FrameHeader::SIZE]>> {
+    let mut header = [0u8; crate::wire::FrameHeader::SIZE];
+    match tokio::io::AsyncReadExt::read_exact(reader, &mut header).await {
+        Ok(_) => Ok(Some(header)),
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
 /// Encodes a control message as a whole frame.
 fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;

@@ -15,9 +15,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use super::{control_frame, write_all_vectored};
+use super::{control_frame, read_frame_header, write_all_vectored};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
-use crate::wire::{self, BatchStatus, FrameHeader, FrameKind};
+use crate::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
@@ -191,14 +191,9 @@ impl<R: DatasetResolver> Connection<R> {
         let mut handles: HashMap<u32, DatasetSlot> = HashMap::new();
         let mut next_handle = 1u32;
         let mut greeted = false;
-        let mut header = [0u8; FrameHeader::SIZE];
         let mut payload = Vec::new();
         loop {
-            match reader.read_exact(&mut header).await {
-                Ok(_) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(err) => return Err(err.into()),
-            }
+            let Some(header) = read_frame_header(reader).await? else { return Ok(()) };
             let (kind, len) = wire::parse_frame_header(&header, false)?;
             payload.resize(len as usize, 0);
             reader.read_exact(&mut payload).await?;
