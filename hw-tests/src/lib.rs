@@ -1,6 +1,20 @@
-//! The hardware-in-the-loop rig: QEMU microVMs with emulated NVMe
-//! controllers, a virtual IOMMU and soft-RoCE, and the tests that run sluice
-//! against them (or against real devices named by `SLUICE_HW_NVME` and
-//! `SLUICE_HW_RDMA`).
+//! The hardware-in-the-loop rig: QEMU guests with emulated NVMe controllers,
+//! a virtual IOMMU and soft-RoCE, joined by a virtual wire, and the tests
+//! that run sluice against them. With `SLUICE_HW_NVME` / `SLUICE_HW_RDMA`
+//! set, the same tests run on this machine's real devices instead.
 //!
-//! Nothing is implemented here yet: the crate holds no tests.
+//! ```no_run
+//! use hw_tests::{Host, Rig};
+//! let rig = Rig::builder("doc").hosts(2).nvme(1, 2).detached(1).rdma(true).boot()?;
+//! let out = rig.exec(Host::Storage, "nvme list")?;
+//! # Ok::<(), hw_tests::RigError>(())
+//! ```
+
+mod guest;
+mod initramfs;
+mod kernel;
+mod prereq;
+mod rig;
+
+pub use prereq::{require, Missing};
+pub use rig::{Host, NvmeController, Rig, RigBuilder, RigError, RigOutput};
