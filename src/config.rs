@@ -38,6 +38,10 @@ pub struct NodeConfig {
     pub driver: DriverChoice,
     /// O_DIRECT (`direct`) or page cache (`buffered`) for file namespaces.
     pub io_mode: IoModeChoice,
+    /// Block devices (NVMe namespaces such as `/dev/nvme0n2`) this node owns:
+    /// each new dataset gets a whole one while one is free, then a file
+    /// under `data_dir`. Their contents are the node's to overwrite.
+    pub namespace_devices: Vec<PathBuf>,
     /// Data-plane cores; each owns a queue pair and a DMA arena.
     pub cores: usize,
     /// DMA slots (128 KiB each) per core.
@@ -83,6 +87,7 @@ impl Default for NodeConfig {
             name: hostname(),
             driver: DriverChoice::Uring,
             io_mode: IoModeChoice::Direct,
+            namespace_devices: Vec::new(),
             cores,
             slots_per_core: 512,
             queue_depth: 256,

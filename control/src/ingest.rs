@@ -40,6 +40,8 @@ pub enum IngestError {
     Tar(#[from] TarError),
     #[error("record index: {0}")]
     Index(String),
+    #[error("the namespace is full: {needed} bytes needed, {capacity} available")]
+    NoSpace { needed: u64, capacity: u64 },
 }
 
 /// How a file's bytes split into samples (`records` and `wds` datasets).
@@ -179,6 +181,11 @@ impl Appender {
             return Ok(());
         }
         let dataset_offset = self.start_length_bytes + self.written_bytes;
+        let geometry = self.namespace.geometry();
+        let end = self.base_offset_bytes + dataset_offset + self.pending.len() as u64;
+        if geometry.fixed_capacity && end > geometry.capacity_bytes {
+            return Err(IngestError::NoSpace { needed: end, capacity: geometry.capacity_bytes });
+        }
         if let RecordRule::Tar(indexer) = &mut self.rule {
             indexer.push(&self.pending)?;
         }

@@ -54,6 +54,7 @@ impl ControlError {
             Self::Catalog(CatalogError::BadName(_)) => "bad_name",
             Self::Catalog(CatalogError::Full) => "catalog_full",
             Self::Catalog(_) => "catalog",
+            Self::Ingest(IngestError::NoSpace { .. }) => "no_space",
             Self::Ingest(_) => "bad_input",
             Self::State { .. } => "wrong_state",
             Self::Busy(_) => "busy",
@@ -74,6 +75,9 @@ struct Attached {
 pub struct ControlPlane {
     catalog: Catalog,
     namespace_dir: PathBuf,
+    /// Whole block devices (NVMe namespaces) given to this node, one per
+    /// dataset; datasets beyond them get files under `namespace_dir`.
+    namespace_devices: Vec<PathBuf>,
     index_dir: PathBuf,
     staged_offsets: Mutex<HashMap<String, Vec<u64>>>,
     driver: Arc<dyn BlockDriver>,
@@ -109,8 +113,24 @@ fn now_unix_ms() -> u64 {
 impl ControlPlane {
     /// Opens the catalog under `data_dir` and finishes what a crash left
     /// half done: interrupted deletes complete, orphaned namespace files go,
-    /// ingests roll back to their last committed file.
-    pub fn open(data_dir: &Path, driver: Arc<dyn BlockDriver>, plane: Arc<DataPlane>) -> Result<Self, ControlError> {
+    /// ingests roll back to their last committed file. `namespace_devices`
+    /// are block devices (NVMe namespaces) the node may give to datasets.
+    pub fn open(
+        data_dir: &Path,
+        driver: Arc<dyn BlockDriver>,
+        plane: Arc<DataPlane>,
+        namespace_devices: Vec<PathBuf>,
+    ) -> Result<Self, ControlError> {
+        for device in &namespace_devices {
+            use std::os::unix::fs::FileTypeExt;
+            let is_block = std::fs::metadata(device).map(|m| m.file_type().is_block_device());
+            if !matches!(is_block, Ok(true)) {
+                return Err(ControlError::Namespace {
+                    name: device.display().to_string(),
+                    message: "a namespace device must be a block device (e.g. /dev/nvme0n2)".into(),
+                });
+            }
+        }
         let namespace_dir = data_dir.join("namespaces");
         std::fs::create_dir_all(&namespace_dir).map_err(|e| ControlError::Namespace {
             name: namespace_dir.display().to_string(),
@@ -123,6 +143,7 @@ impl ControlPlane {
         let control = Self {
             catalog,
             namespace_dir,
+            namespace_devices,
             index_dir,
             staged_offsets: Mutex::new(HashMap::new()),
             driver,
@@ -221,9 +242,42 @@ impl ControlPlane {
         Ok(BusyGuard { plane: self, name: name.to_string() })
     }
 
-    /// Chooses where a new dataset lives. With the uring driver: a file per
-    /// dataset in the node's namespace directory.
+    /// Chooses where a new dataset lives. With the uring driver: a whole
+    /// namespace device while one is free, else a file per dataset in the
+    /// node's namespace directory. Runs inside the catalog's write
+    /// transaction, so two creates never pick the same device.
     fn allocate_namespace(&self, id: u64) -> NamespaceRecord {
+        if self.driver.kind() == DriverKind::Uring && !self.namespace_devices.is_empty() {
+            let used: HashSet<String> = match self.catalog.list() {
+                Ok(records) => records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect(),
+                // Unknown use: claim no device rather than risk sharing one.
+                Err(_) => self.namespace_devices.iter().map(|d| d.display().to_string()).collect(),
+            };
+            let free: Vec<&PathBuf> =
+                self.namespace_devices.iter().filter(|d| !used.contains(&d.display().to_string())).collect();
+            if let Some(device) = free.first() {
+                return NamespaceRecord {
+                    kind: "device".into(),
+                    path: device.display().to_string(),
+                    base_offset_bytes: 0,
+                    reason: format!(
+                        "a whole NVMe namespace: {} ({} of {} namespace devices were free)",
+                        device.display(),
+                        free.len(),
+                        self.namespace_devices.len()
+                    ),
+                };
+            }
+            return NamespaceRecord {
+                kind: "file".into(),
+                path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
+                base_offset_bytes: 0,
+                reason: format!(
+                    "all {} namespace devices hold datasets: a file under the data directory",
+                    self.namespace_devices.len()
+                ),
+            };
+        }
         match self.driver.kind() {
             DriverKind::Mem => NamespaceRecord {
                 kind: "mem".into(),
@@ -247,6 +301,7 @@ impl ControlPlane {
         }
         let spec = match record.namespace.kind.as_str() {
             "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
+            "device" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false },
             "mem" => NamespaceSpec::Mem,
             other => return Err(self.ns_error(record, format!("unknown namespace kind {other}"))),
         };
@@ -336,6 +391,19 @@ impl ControlPlane {
         let _ = std::fs::remove_file(self.index_path(record));
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
+        }
+        if record.namespace.kind == "device" {
+            // The device goes back to the pool; tell it the bytes are free.
+            let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
+            let spec = NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false };
+            match self.driver.open_namespace(&spec) {
+                Ok(ns) => {
+                    if let Err(err) = ns.discard(record.namespace.base_offset_bytes, used) {
+                        tracing::warn!("discarding {} bytes of {}: {err}", used, record.namespace.path);
+                    }
+                }
+                Err(err) => tracing::warn!("releasing {}: {err}", record.namespace.path),
+            }
         }
         if record.namespace.kind == "file" {
             if let Err(err) = std::fs::remove_file(&record.namespace.path) {

@@ -259,6 +259,26 @@ impl Rig {
         &self.controllers
     }
 
+    /// The attached namespaces of `controller` on the storage host as
+    /// `(nsid, block device)`, by nsid. With native multipath the disk is the
+    /// subsystem's `nvmeXnY`, not the per-path `nvmeXcZnY`.
+    pub fn namespace_devices(&self, controller: &NvmeController) -> Result<Vec<(u32, String)>, RigError> {
+        let script = format!(
+            "for n in /sys/block/nvme*n*; do name=$(basename $n); case $name in *c*n*) continue;; esac; \
+               dev=$(readlink -f $n/device); \
+               if [ -e $dev/{ctrl} ] || [ $(basename $dev) = {ctrl} ]; then echo \"$(cat $n/nsid) /dev/$name\"; fi; done",
+            ctrl = controller.name
+        );
+        let listing = self.sh(Host::Storage, &script)?;
+        let mut devices: Vec<(u32, String)> = listing
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .filter_map(|(nsid, dev)| Some((nsid.trim().parse().ok()?, dev.trim().to_string())))
+            .collect();
+        devices.sort();
+        Ok(devices)
+    }
+
     /// Where this rig keeps its logs and scratch files.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
@@ -457,7 +477,7 @@ impl Rig {
 
     /// A release binary of the sluice workspace (built once per test
     /// process), at a path every guest sees too: the host's root is theirs.
-    pub fn sluice_binary(&self, name: &str) -> Result<PathBuf, RigError> {
+    pub fn sluice_binary(&self, name: &str) -> Result<String, RigError> {
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
         let built = BUILT.get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -473,7 +493,7 @@ impl Rig {
         if !path.is_file() {
             return Err(RigError::Missing(Missing(format!("{} was not built", path.display()))));
         }
-        Ok(path)
+        Ok(path.display().to_string())
     }
 
     /// A file in the run directory, visible to the guests at `/rig/<name>`.
@@ -573,7 +593,7 @@ fn qemu_args(
                 // Sparse: the image costs only what the guest writes.
                 file.set_len(spec.namespace_mib << 20).map_err(|e| RigError::io("sizing an NVMe image", e))?;
                 let detached = n + spec.detached_each > spec.namespaces_each;
-                push(&["-drive", &format!("file={},if=none,id=c{c}n{n},format=raw", image.display())]);
+                push(&["-drive", &format!("file={},if=none,id=c{c}n{n},format=raw,discard=unmap", image.display())]);
                 push(&[
                     "-device",
                     &format!(

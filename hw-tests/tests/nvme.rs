@@ -2,7 +2,7 @@
 //! them, attach and detach of a detached namespace, and handing a controller
 //! to vfio-pci (what SPDK needs) and back.
 
-use hw_tests::{require, Host, Rig};
+use hw_tests::{require, Host, NvmeController, Rig};
 
 const CONTROLLERS: usize = 2;
 const NAMESPACES_EACH: usize = 3;
@@ -13,13 +13,8 @@ fn rig(test: &str) -> Option<Rig> {
 }
 
 /// The namespace ids of `controller` the kernel exposes as block devices.
-fn attached_nsids(rig: &Rig, controller: &str) -> Vec<u32> {
-    let out = rig
-        .sh(Host::Storage, &format!("for n in /sys/class/nvme/{controller}/nvme*n*; do cat $n/nsid; done 2>/dev/null"))
-        .expect("list namespaces");
-    let mut ids: Vec<u32> = out.split_whitespace().filter_map(|s| s.parse().ok()).collect();
-    ids.sort_unstable();
-    ids
+fn attached_nsids(rig: &Rig, controller: &NvmeController) -> Vec<u32> {
+    rig.namespace_devices(controller).expect("list namespaces").into_iter().map(|(nsid, _)| nsid).collect()
 }
 
 #[test]
@@ -31,7 +26,7 @@ fn boots_with_the_controllers_and_namespaces_it_was_given() {
     }
     assert_eq!(rig.nvme_controllers().len(), CONTROLLERS);
     for controller in rig.nvme_controllers() {
-        let attached = attached_nsids(&rig, &controller.name);
+        let attached = attached_nsids(&rig, controller);
         if rig.is_emulated() {
             let expected: Vec<u32> = (1..=(NAMESPACES_EACH - DETACHED_EACH) as u32).collect();
             assert_eq!(attached, expected, "attached namespaces of {controller:?}");
@@ -51,9 +46,10 @@ fn attaches_and_detaches_a_detached_namespace() {
         eprintln!("SKIPPED: attach/detach changes a real controller's namespaces; run it in the rig only");
         return;
     }
-    let controller = rig.nvme_controllers()[0].name.clone();
+    let ctrl = rig.nvme_controllers()[0].clone();
+    let controller = ctrl.name.clone();
     let nsid = NAMESPACES_EACH as u32;
-    assert!(!attached_nsids(&rig, &controller).contains(&nsid), "namespace {nsid} starts detached");
+    assert!(!attached_nsids(&rig, &ctrl).contains(&nsid), "namespace {nsid} starts detached");
     let cntlid = rig
         .sh(Host::Storage, &format!("nvme id-ctrl /dev/{controller} | awk '$1 == \"cntlid\" {{print $3}}'"))
         .expect("cntlid");
@@ -66,18 +62,15 @@ fn attaches_and_detaches_a_detached_namespace() {
         ),
     )
     .expect("attach-ns");
-    assert!(attached_nsids(&rig, &controller).contains(&nsid), "namespace {nsid} attached");
+    let devices = rig.namespace_devices(&ctrl).expect("list namespaces");
+    let dev = &devices.iter().find(|(id, _)| *id == nsid).expect("namespace attached").1;
     // The attached namespace takes I/O: write a block, read it back.
-    let dev = rig
-        .sh(Host::Storage, &format!("for n in /sys/class/nvme/{controller}/nvme*n*; do [ $(cat $n/nsid) = {nsid} ] && basename $n; done"))
-        .expect("find block device");
-    let dev = dev.trim().replace(&format!("c{}", controller.trim_start_matches("nvme")), "");
     let roundtrip = rig
         .sh(
             Host::Storage,
             &format!(
-                "head -c 4096 /dev/urandom > /tmp/block && dd if=/tmp/block of=/dev/{dev} oflag=direct bs=4096 count=1 2>/dev/null && \
-                 dd if=/dev/{dev} iflag=direct bs=4096 count=1 2>/dev/null | cmp - /tmp/block && echo same"
+                "head -c 4096 /dev/urandom > /tmp/block && dd if=/tmp/block of={dev} oflag=direct bs=4096 count=1 2>/dev/null && \
+                 dd if={dev} iflag=direct bs=4096 count=1 2>/dev/null | cmp - /tmp/block && echo same"
             ),
         )
         .expect("block round trip");
@@ -87,7 +80,7 @@ fn attaches_and_detaches_a_detached_namespace() {
         &format!("nvme detach-ns /dev/{controller} --namespace-id={nsid} --controllers={cntlid} && nvme ns-rescan /dev/{controller}"),
     )
     .expect("detach-ns");
-    assert!(!attached_nsids(&rig, &controller).contains(&nsid), "namespace {nsid} detached again");
+    assert!(!attached_nsids(&rig, &ctrl).contains(&nsid), "namespace {nsid} detached again");
 }
 
 #[test]

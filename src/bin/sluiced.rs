@@ -33,6 +33,10 @@ struct Args {
     /// Data-plane cores.
     #[arg(long)]
     cores: Option<usize>,
+    /// A block device (NVMe namespace) new datasets may take whole;
+    /// repeat for several. Its contents will be overwritten.
+    #[arg(long = "namespace-device", value_name = "DEVICE")]
+    namespace_devices: Vec<PathBuf>,
     /// Run as this user once devices, memory and ports are set up (root).
     #[arg(long)]
     user: Option<String>,
@@ -70,6 +74,9 @@ fn main() -> ExitCode {
         config.cores = cores;
     }
     config.ebpf |= args.ebpf;
+    if !args.namespace_devices.is_empty() {
+        config.namespace_devices = args.namespace_devices;
+    }
     if args.user.is_some() {
         config.user = args.user;
     }

@@ -51,7 +51,7 @@ fn poisoned() -> io::Error {
 impl Namespace for MemNamespace {
     fn geometry(&self) -> NamespaceGeometry {
         let len = self.store.bytes.read().map(|b| b.len()).unwrap_or(0);
-        NamespaceGeometry { block_size_bytes: MEM_BLOCK_SIZE_BYTES, capacity_bytes: len as u64 }
+        NamespaceGeometry { block_size_bytes: MEM_BLOCK_SIZE_BYTES, capacity_bytes: len as u64, fixed_capacity: false }
     }
 
     fn write_at(&self, offset_bytes: u64, data: &[u8]) -> io::Result<()> {
@@ -80,6 +80,14 @@ impl Namespace for MemNamespace {
     fn truncate(&self, len_bytes: u64) -> io::Result<()> {
         let mut bytes = self.store.bytes.write().map_err(|_| poisoned())?;
         bytes.resize(usize::try_from(len_bytes).map_err(io::Error::other)?, 0);
+        Ok(())
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let mut bytes = self.store.bytes.write().map_err(|_| poisoned())?;
+        let start = usize::try_from(offset_bytes).map_err(io::Error::other)?.min(bytes.len());
+        let end = usize::try_from(offset_bytes.saturating_add(len_bytes)).unwrap_or(usize::MAX).min(bytes.len());
+        bytes[start..end].fill(0);
         Ok(())
     }
 

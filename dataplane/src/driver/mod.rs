@@ -53,6 +53,9 @@ pub enum IoMode {
 pub struct NamespaceGeometry {
     pub block_size_bytes: u32,
     pub capacity_bytes: u64,
+    /// A block device (an NVMe namespace) cannot grow past its capacity; a
+    /// file or memory namespace grows as it is written.
+    pub fixed_capacity: bool,
 }
 
 /// How to find a namespace.
@@ -80,7 +83,12 @@ pub trait Namespace: Send + Sync {
     /// Makes every write so far durable.
     fn sync(&self) -> io::Result<()>;
     /// Cuts the namespace to `len_bytes`, rounded up to the block size.
+    /// A fixed-capacity namespace keeps its size; the catalog's committed
+    /// length is what bounds reads there.
     fn truncate(&self, len_bytes: u64) -> io::Result<()>;
+    /// Tells the device the bytes in `[offset, offset + len)` are free
+    /// (TRIM / NVMe deallocate on block devices, a hole in files).
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
     /// What the hot path submits to.
     fn target(&self) -> IoTarget;
     fn describe(&self) -> String;

@@ -5,7 +5,8 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
@@ -60,7 +61,8 @@ impl BlockDriver for UringDriver {
                 Err(err) => return Err(open_err(err)),
             },
         };
-        Ok(Arc::new(FileNamespace { path: path.display().to_string(), control, data, direct }))
+        let block_device = control.metadata().map_err(open_err)?.file_type().is_block_device();
+        Ok(Arc::new(FileNamespace { path: path.display().to_string(), control, data, direct, block_device }))
     }
 
     fn create_queue(&self, arena: &Arena, depth: u32) -> Result<Queue, DriverError> {
@@ -76,12 +78,23 @@ struct FileNamespace {
     control: File,
     data: File,
     direct: bool,
+    /// A whole NVMe namespace (or other block device): fixed capacity,
+    /// discarded with BLKDISCARD.
+    block_device: bool,
 }
+
+// BLKDISCARD from <linux/fs.h>: `_IO(0x12, 119)`, taking `[start, len]` in bytes.
+nix::ioctl_write_ptr_bad!(blkdiscard, 0x1277, [u64; 2]);
 
 impl Namespace for FileNamespace {
     fn geometry(&self) -> NamespaceGeometry {
-        let capacity_bytes = self.control.metadata().map(|m| m.len()).unwrap_or(0);
-        NamespaceGeometry { block_size_bytes: FILE_BLOCK_SIZE_BYTES, capacity_bytes }
+        let capacity_bytes = if self.block_device {
+            // A block device's length is where a seek to its end lands.
+            (&self.control).seek(SeekFrom::End(0)).unwrap_or(0)
+        } else {
+            self.control.metadata().map(|m| m.len()).unwrap_or(0)
+        };
+        NamespaceGeometry { block_size_bytes: FILE_BLOCK_SIZE_BYTES, capacity_bytes, fixed_capacity: self.block_device }
     }
 
     fn write_at(&self, offset_bytes: u64, data: &[u8]) -> io::Result<()> {
@@ -97,7 +110,29 @@ impl Namespace for FileNamespace {
     }
 
     fn truncate(&self, len_bytes: u64) -> io::Result<()> {
+        if self.block_device {
+            return Ok(());
+        }
         self.control.set_len(len_bytes.next_multiple_of(u64::from(FILE_BLOCK_SIZE_BYTES)))
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        let block = u64::from(FILE_BLOCK_SIZE_BYTES);
+        let start = offset_bytes.next_multiple_of(block);
+        let end = offset_bytes.saturating_add(len_bytes) / block * block;
+        if end <= start {
+            return Ok(());
+        }
+        if self.block_device {
+            let range = [start, end - start];
+            // SAFETY: BLKDISCARD reads two u64 from the pointer, which points
+            // at `range`, alive for the call; the descriptor is ours and open.
+            unsafe { blkdiscard(self.control.as_raw_fd(), &range) }.map_err(io::Error::from)?;
+            return Ok(());
+        }
+        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        let (start, len) = (i64::try_from(start).map_err(io::Error::other)?, i64::try_from(end - start).map_err(io::Error::other)?);
+        nix::fcntl::fallocate(self.control.as_raw_fd(), flags, start, len).map_err(io::Error::from)
     }
 
     fn target(&self) -> IoTarget {

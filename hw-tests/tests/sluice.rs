@@ -1,0 +1,108 @@
+//! sluice end to end across the rig: `sluiced` in the storage guest keeps a
+//! dataset on a whole NVMe namespace (uring backend on `/dev/nvmeXnY`) and
+//! serves it over TCP across the virtual wire to `sluicectl` in the training
+//! guest, byte-exact.
+
+use std::time::Duration;
+
+use hw_tests::{require, Host, Rig};
+use rand::{Rng, SeedableRng};
+
+const DATASET_BYTES: usize = 24 << 20;
+const CONTROL_PORT: u16 = 7070;
+const DATA_PORT: u16 = 7071;
+
+#[test]
+fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
+    let Some(rig) =
+        require(Rig::builder("sluice-nvme").hosts(2).nvme(1, 2).namespace_mib(128).memory_mib(1536).boot())
+    else {
+        return;
+    };
+    let sluiced = rig.sluice_binary("sluiced").expect("sluiced");
+    let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
+    let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
+    let [(1, dev1), (2, dev2)] = &devices[..] else { panic!("expected namespaces 1 and 2, found {devices:?}") };
+    let storage = rig.addr(Host::Storage);
+    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x51u64);
+    let mut data = vec![0u8; DATASET_BYTES];
+    rng.fill(&mut data[..]);
+    let shared = rig.share_file("data.bin", &data).expect("share the dataset");
+
+    rig.sh(
+        Host::Storage,
+        &format!(
+            "mkdir -p /root/sluice && setsid {sluiced} --data-dir /root/sluice --cores 1 \
+             --listen {storage}:{DATA_PORT} --control {storage}:{CONTROL_PORT} \
+             --namespace-device {dev1} --namespace-device {dev2} > /rig/sluiced.log 2>&1 & echo $! > /root/sluiced.pid"
+        ),
+    )
+    .expect("start sluiced");
+    let ready = rig
+        .exec_with(
+            Host::Storage,
+            "while kill -0 $(cat /root/sluiced.pid) 2>/dev/null; do \
+               grep -q 'control API on' /rig/sluiced.log && exit 0; sleep 0.2; done; \
+             cat /rig/sluiced.log; exit 1",
+            Duration::from_secs(120),
+        )
+        .expect("wait for sluiced");
+    assert!(ready.success(), "sluiced did not start: {}", ready.stdout);
+
+    // The operator's side, on the storage host.
+    let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
+    ctl(Host::Storage, "dataset create tokens --kind bytes").expect("create");
+    ctl(Host::Storage, &format!("dataset ingest tokens {shared}")).expect("ingest");
+    ctl(Host::Storage, "dataset seal tokens").expect("seal");
+    let stat: serde_json::Value =
+        serde_json::from_str(&ctl(Host::Storage, "--json dataset stat tokens").expect("stat")).expect("stat json");
+    assert_eq!(stat["namespace"]["kind"], "device", "{stat}");
+    assert_eq!(stat["namespace"]["path"], dev1.as_str(), "{stat}");
+    assert_eq!(stat["length_bytes"], DATASET_BYTES as u64, "{stat}");
+    // The bytes are on the namespace itself, from its first block.
+    rig.sh(
+        Host::Storage,
+        &format!("dd if={dev1} iflag=direct bs=1M count={} 2>/dev/null | cmp - {shared}", DATASET_BYTES >> 20),
+    )
+    .expect("the namespace holds the dataset");
+
+    // The training side: random unaligned reads across the wire.
+    for i in 0..12 {
+        let len = rng.gen_range(1..=(1usize << 20));
+        let offset = rng.gen_range(0..=DATASET_BYTES - len);
+        let out = format!("/rig/read-{i}.bin");
+        ctl(Host::Training, &format!("read tokens --offset {offset} --len {len} -o {out}")).expect("read");
+        let got = std::fs::read(rig.run_dir().join("share").join(format!("read-{i}.bin"))).expect("read output");
+        assert!(got == data[offset..offset + len], "read {i} ({offset}+{len}) differs from the dataset");
+    }
+    let out_of_range = rig
+        .exec(
+            Host::Training,
+            &format!("{sluicectl} --endpoint {endpoint} read tokens --offset {DATASET_BYTES} --len 1 -o /tmp/none"),
+        )
+        .expect("run read");
+    assert!(!out_of_range.success(), "a read past the end must fail");
+    assert!(out_of_range.stderr.contains("out of bounds"), "says why: {}", out_of_range.stderr);
+
+    let bench = ctl(Host::Training, "--json bench read tokens --size 4096 --batch 32 --inflight 2 --seconds 3 --align 1")
+        .expect("bench read");
+    let report: serde_json::Value = serde_json::from_str(bench.trim()).expect("bench json");
+    assert_eq!(report["transport"], "tcp", "{report}");
+    assert_eq!(report["failed_ranges"], 0, "{report}");
+    assert!(report["reads"].as_u64().unwrap_or(0) > 0, "{report}");
+    eprintln!("rig bench read (TCG, functional speed only): {report}");
+
+    // Delete gives the namespace back, discarded; the next dataset gets it.
+    ctl(Host::Storage, "dataset rm tokens").expect("rm");
+    let zeros = rig
+        .sh(Host::Storage, &format!("dd if={dev1} iflag=direct bs=1M count=1 2>/dev/null | tr -d '\\000' | wc -c"))
+        .expect("read the released namespace");
+    assert_eq!(zeros.trim(), "0", "the released namespace reads back deallocated (zeros)");
+    ctl(Host::Storage, "dataset create again --kind bytes").expect("create again");
+    let stat: serde_json::Value =
+        serde_json::from_str(&ctl(Host::Storage, "--json dataset stat again").expect("stat")).expect("stat json");
+    assert_eq!(stat["namespace"]["path"], dev1.as_str(), "the released namespace is reused: {stat}");
+    rig.sh(Host::Storage, "pkill sluiced; true").expect("stop sluiced");
+}
