@@ -14,9 +14,14 @@ $SUDO apt-get update -q
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
 # python3 + venv + pip: the `sluice` Python package and its pytest suite.
 # clang + libbpf-dev: rebuild the BPF programs to check the committed objects.
+# The rig (hw-tests): QEMU, a static busybox and cpio for the initramfs, kmod
+# for the guest kernel's module closure; in the guests (which run this
+# machine's root): iproute2 + rdma-core (rxe), ibverbs-utils and perftest
+# (verbs peers), nvme-cli (namespace attach), procps.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
-    clang libbpf-dev
+    clang libbpf-dev \
+    qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps
 
 echo "== toolchain"
 cargo --version
@@ -35,7 +40,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 
 echo "== tests"
-cargo test --workspace --no-fail-fast
+cargo test --workspace --exclude hw-tests --no-fail-fast
+
+echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
+# Nothing may skip here: a missing prerequisite fails the run.
+SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
 
 echo "== fuzz (short run of every target)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

@@ -81,7 +81,12 @@ impl Node {
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);
-        let control = Arc::new(ControlPlane::open(&config.data_dir, driver, Arc::clone(&plane), config.namespace_devices.clone())?);
+        let control = Arc::new(ControlPlane::open(
+            &config.data_dir,
+            driver,
+            Arc::clone(&plane),
+            config.namespace_devices.clone(),
+        )?);
 
         let data_listener = TcpListener::bind(config.listen).await.map_err(|source| NodeError::Bind {
             what: "the data plane",

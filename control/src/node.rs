@@ -249,7 +249,9 @@ impl ControlPlane {
     fn allocate_namespace(&self, id: u64) -> NamespaceRecord {
         if self.driver.kind() == DriverKind::Uring && !self.namespace_devices.is_empty() {
             let used: HashSet<String> = match self.catalog.list() {
-                Ok(records) => records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect(),
+                Ok(records) => {
+                    records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect()
+                }
                 // Unknown use: claim no device rather than risk sharing one.
                 Err(_) => self.namespace_devices.iter().map(|d| d.display().to_string()).collect(),
             };

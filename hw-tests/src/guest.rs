@@ -37,6 +37,10 @@ impl Guest {
         Ok(Self { name: name.to_string(), console_log: console_log.to_path_buf(), child })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The exit status if QEMU has stopped.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()

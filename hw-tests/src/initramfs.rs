@@ -104,9 +104,9 @@ fn module_closure(modprobe: &Path, kernel: &Kernel) -> Result<BTreeSet<PathBuf>,
             &format!("modprobe --show-depends {module}"),
         )?;
         files.extend(
-            out.lines().filter_map(|line| line.trim().strip_prefix("insmod ")).map(|rest| {
-                PathBuf::from(rest.split_whitespace().next().unwrap_or_default())
-            }),
+            out.lines()
+                .filter_map(|line| line.trim().strip_prefix("insmod "))
+                .map(|rest| PathBuf::from(rest.split_whitespace().next().unwrap_or_default())),
         );
     }
     files.retain(|path| !path.as_os_str().is_empty());
@@ -122,7 +122,8 @@ fn write_executable(path: &Path, text: &str) -> Result<(), RigError> {
 
 /// FNV-1a over the parts: a cache key, not a security property.
 fn fingerprint(parts: &[&[u8]]) -> u64 {
-    parts.iter().flat_map(|part| part.iter().chain(&[0xff])).fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    parts
+        .iter()
+        .flat_map(|part| part.iter().chain(&[0xff]))
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
 }

@@ -54,13 +54,14 @@ pub fn fetch(cache: &Path) -> Result<Kernel, RigError> {
     let depmod = find_program("depmod", "kmod")?;
     let downloads = cache.join("downloads");
     std::fs::create_dir_all(&downloads).map_err(|e| RigError::io("creating the rig cache", e))?;
-    run(Command::new(apt_get).arg("download").arg(&package).current_dir(&downloads), "apt-get download")
-        .map_err(|e| match e {
+    run(Command::new(apt_get).arg("download").arg(&package).current_dir(&downloads), "apt-get download").map_err(
+        |e| match e {
             RigError::Command { stderr, .. } => RigError::Missing(Missing(format!(
                 "cannot download the kernel package {package} (needs Debian's archive): {stderr}"
             ))),
             other => other,
-        })?;
+        },
+    )?;
     let deb = std::fs::read_dir(&downloads)
         .map_err(|e| RigError::io("listing downloads", e))?
         .flatten()

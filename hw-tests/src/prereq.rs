@@ -71,9 +71,8 @@ fn elf_has_interpreter(elf: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
     let read_u16 = |at: usize| elf.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let read_u32 = |at: usize| elf.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    let read_u64 = |at: usize| {
-        elf.get(at..at + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-    };
+    let read_u64 =
+        |at: usize| elf.get(at..at + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
     if elf.get(..4) != Some(b"\x7fELF") {
         return false;
     }

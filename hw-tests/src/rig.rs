@@ -279,6 +279,14 @@ impl Rig {
         Ok(devices)
     }
 
+    /// Process ids of the rig's QEMU processes (none on real hardware).
+    pub fn qemu_pids(&self) -> Vec<u32> {
+        match &self.backend {
+            Backend::Guests { guests, .. } => guests.iter().map(Guest::pid).collect(),
+            Backend::Local(_) => Vec::new(),
+        }
+    }
+
     /// Where this rig keeps its logs and scratch files.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
@@ -335,11 +343,7 @@ impl Rig {
                 });
             }
             if Instant::now() > deadline {
-                return Err(RigError::Timeout {
-                    host: host.name().into(),
-                    command: script.into(),
-                    seconds: limit_s,
-                });
+                return Err(RigError::Timeout { host: host.name().into(), command: script.into(), seconds: limit_s });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -655,11 +659,7 @@ fn rig_root() -> PathBuf {
 
 fn new_run_dir(root: &Path, test: &str) -> Result<PathBuf, RigError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = root.join("runs").join(format!(
-        "{test}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = root.join("runs").join(format!("{test}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| RigError::io("creating the run directory", e))?;
     let mut note = std::fs::File::create(dir.join("README")).map_err(|e| RigError::io("writing the run note", e))?;

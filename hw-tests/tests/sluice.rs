@@ -14,8 +14,7 @@ const DATA_PORT: u16 = 7071;
 
 #[test]
 fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
-    let Some(rig) =
-        require(Rig::builder("sluice-nvme").hosts(2).nvme(1, 2).namespace_mib(128).memory_mib(1536).boot())
+    let Some(rig) = require(Rig::builder("sluice-nvme").hosts(2).nvme(1, 2).namespace_mib(128).memory_mib(1536).boot())
     else {
         return;
     };
@@ -86,8 +85,9 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     assert!(!out_of_range.success(), "a read past the end must fail");
     assert!(out_of_range.stderr.contains("out of bounds"), "says why: {}", out_of_range.stderr);
 
-    let bench = ctl(Host::Training, "--json bench read tokens --size 4096 --batch 32 --inflight 2 --seconds 3 --align 1")
-        .expect("bench read");
+    let bench =
+        ctl(Host::Training, "--json bench read tokens --size 4096 --batch 32 --inflight 2 --seconds 3 --align 1")
+            .expect("bench read");
     let report: serde_json::Value = serde_json::from_str(bench.trim()).expect("bench json");
     assert_eq!(report["transport"], "tcp", "{report}");
     assert_eq!(report["failed_ranges"], 0, "{report}");

@@ -4,8 +4,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::sync::Arc;
 
@@ -131,7 +131,8 @@ impl Namespace for FileNamespace {
             return Ok(());
         }
         let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
-        let (start, len) = (i64::try_from(start).map_err(io::Error::other)?, i64::try_from(end - start).map_err(io::Error::other)?);
+        let (start, len) =
+            (i64::try_from(start).map_err(io::Error::other)?, i64::try_from(end - start).map_err(io::Error::other)?);
         nix::fcntl::fallocate(self.control.as_raw_fd(), flags, start, len).map_err(io::Error::from)
     }
 
