@@ -500,18 +500,27 @@ impl Rig {
         Ok(path.display().to_string())
     }
 
-    /// A file in the run directory, visible to the guests at `/rig/<name>`.
-    pub fn share_file(&self, name: &str, bytes: &[u8]) -> Result<String, RigError> {
+    /// The directory both this process and the hosts see (`/rig` in the
+    /// guests): as a path here, and as the hosts name it.
+    pub fn shared_dir(&self) -> (PathBuf, String) {
         match &self.backend {
-            Backend::Guests { share, .. } => {
-                std::fs::write(share.join(name), bytes).map_err(|e| RigError::io("writing a shared file", e))?;
-                Ok(format!("/rig/{name}"))
-            }
-            Backend::Local(_) => {
-                let path = self.run_dir.join(name);
-                std::fs::write(&path, bytes).map_err(|e| RigError::io("writing a shared file", e))?;
-                Ok(path.display().to_string())
-            }
+            Backend::Guests { share, .. } => (share.clone(), "/rig".to_string()),
+            Backend::Local(_) => (self.run_dir.clone(), self.run_dir.display().to_string()),
+        }
+    }
+
+    /// Writes a file into the shared directory; returns its path in the hosts.
+    pub fn share_file(&self, name: &str, bytes: &[u8]) -> Result<String, RigError> {
+        let (here, there) = self.shared_dir();
+        std::fs::write(here.join(name), bytes).map_err(|e| RigError::io("writing a shared file", e))?;
+        Ok(format!("{there}/{name}"))
+    }
+
+    /// A scratch directory on a host's own (non-shared) filesystem.
+    pub fn scratch_dir(&self, host: Host) -> String {
+        match &self.backend {
+            Backend::Guests { .. } => format!("/root/rig-{}", host.name()),
+            Backend::Local(_) => self.run_dir.join(format!("scratch-{}", host.name())).display().to_string(),
         }
     }
 

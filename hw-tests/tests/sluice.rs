@@ -28,23 +28,27 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x51u64);
     let mut data = vec![0u8; DATASET_BYTES];
     rng.fill(&mut data[..]);
-    let shared = rig.share_file("data.bin", &data).expect("share the dataset");
+    let data_file = rig.share_file("data.bin", &data).expect("share the dataset");
+    let (shared_here, shared) = rig.shared_dir();
+    let scratch = rig.scratch_dir(Host::Storage);
 
     rig.sh(
         Host::Storage,
         &format!(
-            "mkdir -p /root/sluice && setsid {sluiced} --data-dir /root/sluice --cores 1 \
+            "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 \
              --listen {storage}:{DATA_PORT} --control {storage}:{CONTROL_PORT} \
-             --namespace-device {dev1} --namespace-device {dev2} > /rig/sluiced.log 2>&1 & echo $! > /root/sluiced.pid"
+             --namespace-device {dev1} --namespace-device {dev2} > {shared}/sluiced.log 2>&1 & echo $! > {scratch}/sluiced.pid"
         ),
     )
     .expect("start sluiced");
     let ready = rig
         .exec_with(
             Host::Storage,
-            "while kill -0 $(cat /root/sluiced.pid) 2>/dev/null; do \
-               grep -q 'control API on' /rig/sluiced.log && exit 0; sleep 0.2; done; \
-             cat /rig/sluiced.log; exit 1",
+            &format!(
+                "while kill -0 $(cat {scratch}/sluiced.pid) 2>/dev/null; do \
+                   grep -q 'control API on' {shared}/sluiced.log && exit 0; sleep 0.2; done; \
+                 cat {shared}/sluiced.log; exit 1"
+            ),
             Duration::from_secs(120),
         )
         .expect("wait for sluiced");
@@ -53,7 +57,7 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     // The operator's side, on the storage host.
     let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
     ctl(Host::Storage, "dataset create tokens --kind bytes").expect("create");
-    ctl(Host::Storage, &format!("dataset ingest tokens {shared}")).expect("ingest");
+    ctl(Host::Storage, &format!("dataset ingest tokens {data_file}")).expect("ingest");
     ctl(Host::Storage, "dataset seal tokens").expect("seal");
     let stat: serde_json::Value =
         serde_json::from_str(&ctl(Host::Storage, "--json dataset stat tokens").expect("stat")).expect("stat json");
@@ -63,7 +67,7 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     // The bytes are on the namespace itself, from its first block.
     rig.sh(
         Host::Storage,
-        &format!("dd if={dev1} iflag=direct bs=1M count={} 2>/dev/null | cmp - {shared}", DATASET_BYTES >> 20),
+        &format!("dd if={dev1} iflag=direct bs=1M count={} 2>/dev/null | cmp - {data_file}", DATASET_BYTES >> 20),
     )
     .expect("the namespace holds the dataset");
 
@@ -71,9 +75,9 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     for i in 0..12 {
         let len = rng.gen_range(1..=(1usize << 20));
         let offset = rng.gen_range(0..=DATASET_BYTES - len);
-        let out = format!("/rig/read-{i}.bin");
+        let out = format!("{shared}/read-{i}.bin");
         ctl(Host::Training, &format!("read tokens --offset {offset} --len {len} -o {out}")).expect("read");
-        let got = std::fs::read(rig.run_dir().join("share").join(format!("read-{i}.bin"))).expect("read output");
+        let got = std::fs::read(shared_here.join(format!("read-{i}.bin"))).expect("read output");
         assert!(got == data[offset..offset + len], "read {i} ({offset}+{len}) differs from the dataset");
     }
     let out_of_range = rig
@@ -104,5 +108,5 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let stat: serde_json::Value =
         serde_json::from_str(&ctl(Host::Storage, "--json dataset stat again").expect("stat")).expect("stat json");
     assert_eq!(stat["namespace"]["path"], dev1.as_str(), "the released namespace is reused: {stat}");
-    rig.sh(Host::Storage, "pkill sluiced; true").expect("stop sluiced");
+    rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }
