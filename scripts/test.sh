@@ -18,10 +18,13 @@ $SUDO apt-get update -q
 # for the guest kernel's module closure; in the guests (which run this
 # machine's root): iproute2 + rdma-core (rxe), ibverbs-utils and perftest
 # (verbs peers), nvme-cli (namespace attach), procps.
+# The benchmark suite's peers: nbdkit (+ fio's nbd engine), nginx + wrk,
+# valgrind (callgrind instruction counts), a font for the plots.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
     clang libbpf-dev \
-    qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps
+    qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
+    nbdkit nginx-light wrk valgrind fonts-dejavu-core
 
 echo "== toolchain"
 cargo --version
@@ -45,6 +48,9 @@ cargo test --workspace --exclude hw-tests --no-fail-fast
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.
 SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
+
+echo "== benchmark suite (short run: proves it works; the figures come from the full run)"
+cargo run -p bench --release -q -- all --short
 
 echo "== fuzz (short run of every target)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
-use sluice::readbench::{self, BenchParams};
+use sluice::readbench::{self, BenchParams, ReadPattern};
 use sluice::{Node, NodeConfig};
 use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::IngestFormat;
@@ -145,6 +145,8 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
         duration: Duration::from_secs_f64(args.seconds.max(0.5)),
         align_bytes: token_bytes,
         seed: 42,
+        pattern: ReadPattern::Random,
+        batches_per_worker: None,
     };
     let report = readbench::run(Arc::clone(&dataset), params).await.map_err(|e| e.to_string())?;
     println!(

@@ -20,6 +20,22 @@ pub struct BenchParams {
     /// Offsets are multiples of this (1: any byte).
     pub align_bytes: u64,
     pub seed: u64,
+    pub pattern: ReadPattern,
+    /// Stop each worker after this many batches (for instruction counts,
+    /// which need a fixed amount of work); `None`: run for `duration`.
+    pub batches_per_worker: Option<u64>,
+}
+
+/// Where the reads of a run fall.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadPattern {
+    /// Uniformly random offsets.
+    #[default]
+    Random,
+    /// Each worker walks the dataset from its own starting point, read after
+    /// read, wrapping at the end.
+    Sequential,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -72,10 +88,20 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
             let mut buf = vec![0u8; params.size_bytes as usize * params.batch];
             let slots = (length - size) / align;
             let mut ranges = Vec::with_capacity(params.batch);
-            while Instant::now() < deadline {
+            let mut cursor = rng.gen_range(0..=slots);
+            let mut batches = 0u64;
+            while Instant::now() < deadline && params.batches_per_worker.is_none_or(|max| batches < max) {
+                batches += 1;
                 ranges.clear();
                 for i in 0..params.batch {
-                    let offset = rng.gen_range(0..=slots) * align;
+                    let offset = match params.pattern {
+                        ReadPattern::Random => rng.gen_range(0..=slots) * align,
+                        ReadPattern::Sequential => {
+                            let offset = cursor * align;
+                            cursor = if offset + size * 2 > length { 0 } else { cursor + size.div_ceil(align) };
+                            offset
+                        }
+                    };
                     ranges.push(ReadRange { offset, len: params.size_bytes, dest: (i as u64) * size });
                 }
                 let sent = Instant::now();

@@ -353,8 +353,13 @@ impl Rig {
         let qemu = find_program("qemu-system-x86_64", "qemu-system-x86")?;
         let root = rig_root();
         let cache = root.join("cache");
-        let kernel = kernel::fetch(&cache)?;
-        let initrd = initramfs::build(&kernel, &cache)?;
+        let (kernel, initrd) = {
+            // Tests boot rigs in parallel; one of them fills the cache.
+            let _lock = lock_cache(&cache)?;
+            let kernel = kernel::fetch(&cache)?;
+            let initrd = initramfs::build(&kernel, &cache)?;
+            (kernel, initrd)
+        };
         let run_dir = new_run_dir(&root, &spec.test)?;
         let share = run_dir.join("share");
         for host in [Host::Storage, Host::Training].into_iter().take(spec.hosts) {
@@ -645,6 +650,20 @@ fn wait_listening(port: u16, guest: &mut Guest, limit: Duration) -> Result<(), R
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// An exclusive lock on the cache, across threads and processes (flock
+/// locks belong to each open of the file).
+fn lock_cache(cache: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, RigError> {
+    std::fs::create_dir_all(cache).map_err(|e| RigError::io("creating the rig cache", e))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(cache.join("lock"))
+        .map_err(|e| RigError::io("opening the cache lock", e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| RigError::io("locking the rig cache", errno.into()))
 }
 
 fn free_port() -> Result<u16, RigError> {

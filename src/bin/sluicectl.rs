@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
-use sluice::readbench::{self, BenchParams};
+use sluice::readbench::{self, BenchParams, ReadPattern};
 use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::Appended;
 use sluice_control::{npy, DatasetKind, DatasetRecord, DatasetState};
@@ -131,6 +131,10 @@ enum BenchCommand {
         /// Offsets are multiples of this; 1 for unaligned reads.
         #[arg(long, default_value_t = 4096)]
         align: u64,
+        /// Read consecutive ranges (each batch in flight walks on from its
+        /// own start) instead of random ones.
+        #[arg(long)]
+        sequential: bool,
     },
 }
 
@@ -164,7 +168,7 @@ fn run(cli: &Cli) -> Result<()> {
         Command::Replay { state, step, global_batch, dump } => {
             replay(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
         }
-        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align }) => {
+        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align, sequential }) => {
             let params = BenchParams {
                 size_bytes: *size,
                 batch: (*batch).max(1),
@@ -172,6 +176,8 @@ fn run(cli: &Cli) -> Result<()> {
                 duration: Duration::from_secs_f64(seconds.max(0.1)),
                 align_bytes: *align,
                 seed: 0x5eed,
+                pattern: if *sequential { ReadPattern::Sequential } else { ReadPattern::Random },
+                batches_per_worker: None,
             };
             bench_read(&api, name, params, cli.json)
         }

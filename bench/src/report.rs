@@ -1,0 +1,181 @@
+//! The report: a Markdown file with one table per workload, the instruction
+//! count and the microbenchmarks, and PNG plots next to it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::callgrind::InstructionCount;
+use crate::workload::{Measurement, Workload};
+
+/// Everything one run found.
+pub struct Run {
+    pub title: String,
+    pub machine: Vec<(String, String)>,
+    pub versions: Vec<(String, String)>,
+    pub setup: Vec<String>,
+    pub workloads: Vec<Workload>,
+    pub measurements: Vec<Measurement>,
+    pub instructions: Result<InstructionCount, String>,
+    /// `(benchmark, mean ns, throughput note)`.
+    pub micro: Result<Vec<(String, f64)>, String>,
+}
+
+/// The system whose figure is the local limit of a block workload.
+pub const DEVICE_LIMIT: &str = "fio io_uring (local, O_DIRECT)";
+
+pub fn markdown(run: &Run) -> String {
+    let mut md = format!("# {}\n\n", run.title);
+    md += "## Machine\n\n| | |\n| --- | --- |\n";
+    for (k, v) in &run.machine {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    md += "\n## Peers (Debian packages)\n\n| peer | version |\n| --- | --- |\n";
+    for (k, v) in &run.versions {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    md += "\n## Setup\n\n";
+    for line in &run.setup {
+        let _ = writeln!(md, "- {line}");
+    }
+    md += "\n![throughput](throughput.png)\n\n![p99 latency](latency_p99.png)\n";
+    for workload in &run.workloads {
+        let rows: Vec<&Measurement> = run.measurements.iter().filter(|m| m.workload == workload.name()).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let limit = rows.iter().find(|m| m.system == DEVICE_LIMIT).map(|m| m.gb_per_s);
+        let _ = writeln!(md, "\n## {}: {}\n", workload.name(), workload.describe());
+        md += "| system | IOPS | GB/s | p50 µs | p99 µs | p99.9 µs | server CPU s/GB | errors | of local limit |\n";
+        md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+        for m in rows {
+            let cpu = m.cpu_s_per_gb.map(|c| format!("{c:.2}")).unwrap_or_else(|| "n/a".into());
+            let ratio = limit.filter(|l| *l > 0.0).map(|l| format!("{:.2}", m.gb_per_s / l)).unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {:.3} | {:.0} | {:.0} | {:.0} | {cpu} | {} | {ratio} |",
+                m.system, m.iops, m.gb_per_s, m.latency_us_p50, m.latency_us_p99, m.latency_us_p999, m.errors
+            );
+        }
+    }
+    md += "\n## Instructions per served 4 KiB read (callgrind, node side)\n\n";
+    match &run.instructions {
+        Ok(count) => {
+            let _ = writeln!(
+                md,
+                "{:.0} instructions per read: ({} − {}) instructions / ({} − {}) reads, two runs of `sluiced --cores 1` \
+                 under `valgrind --tool=callgrind` serving batches of 32 random 4 KiB reads over TCP. User space only; \
+                 the kernel's share (io_uring, TCP) is not counted.",
+                count.instructions_per_read,
+                count.instructions_large,
+                count.instructions_small,
+                count.reads_large,
+                count.reads_small
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(md, "not measured: {why}");
+        }
+    }
+    md += "\n## Hot-path microbenchmarks (criterion, `cargo bench -p bench --bench hot_path`)\n\n";
+    match &run.micro {
+        Ok(rows) => {
+            md += "| benchmark | mean |\n| --- | ---: |\n";
+            for (name, ns) in rows {
+                let shown = if *ns >= 1000.0 { format!("{:.2} µs", ns / 1000.0) } else { format!("{ns:.1} ns") };
+                let _ = writeln!(md, "| {name} | {shown} |");
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(md, "not measured: {why}");
+        }
+    }
+    md += "\n## Reading the tables\n\n\
+        - Latency is per request for the peers and per batch for sluice (a batch is sluice's unit: \
+        the training loop waits for all of it). At queue depth 1 both are one read.\n\
+        - \"of local limit\" is GB/s over fio's local O_DIRECT io_uring on the same bytes in the same run.\n\
+        - The nbd and nginx peers read through the page cache (warmed first); compare them with sluice's \
+        page-cached row. The in-process row's CPU is client and node together (one process).\n\
+        - Block-device peers (fio, nbd) do not run the token-window workloads: 2- and 4-byte aligned \
+        windows are not block I/O.\n";
+    md
+}
+
+/// Draws one PNG per metric, a panel per workload, a bar per system.
+pub fn plots(run: &Run, dir: &Path) -> Result<(), String> {
+    register_font()?;
+    plot(run, &dir.join("throughput.png"), "GB/s", |m| m.gb_per_s)?;
+    plot(run, &dir.join("latency_p99.png"), "p99 latency, µs", |m| m.latency_us_p99)
+}
+
+fn register_font() -> Result<(), String> {
+    const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+    let bytes = std::fs::read(FONT).map_err(|e| format!("{FONT} (Debian package fonts-dejavu-core): {e}"))?;
+    // plotters keeps the font for the life of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{FONT} is not a font plotters can read"))
+}
+
+const PALETTE: [RGBColor; 7] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(127, 127, 127),
+];
+
+fn plot(run: &Run, path: &Path, unit: &str, value: impl Fn(&Measurement) -> f64) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let systems: Vec<String> = run.measurements.iter().fold(Vec::new(), |mut seen, m| {
+        if !seen.contains(&m.system) {
+            seen.push(m.system.clone());
+        }
+        seen
+    });
+    let root = BitMapBackend::new(path, (1500, 1000)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let panels = root.split_evenly((2, 3));
+    for (panel, workload) in panels.iter().zip(&run.workloads) {
+        let rows: Vec<(usize, f64)> = systems
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                run.measurements.iter().find(|m| &m.system == s && m.workload == workload.name()).map(|m| (i, value(m)))
+            })
+            .collect();
+        let max = rows.iter().map(|(_, v)| *v).fold(0.0, f64::max).max(1e-9) * 1.15;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(workload.name(), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(210)
+            .build_cartesian_2d(0f64..max, (0..systems.len()).into_segmented())
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(systems.len())
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => systems.get(*i).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .x_desc(unit)
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(rows.iter().map(|(i, v)| {
+                let color = PALETTE[i % PALETTE.len()];
+                let mut bar =
+                    Rectangle::new([(0.0, SegmentValue::Exact(*i)), (*v, SegmentValue::Exact(i + 1))], color.filled());
+                bar.set_margin(6, 6, 0, 0);
+                bar
+            }))
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))
+}
