@@ -228,7 +228,7 @@ impl Rig {
             rdma: false,
             memory_mib: 1024,
             hugepages: 0,
-            boot_timeout: Duration::from_secs(180),
+            boot_timeout: Duration::from_secs(300),
         }
     }
 
