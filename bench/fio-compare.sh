@@ -16,7 +16,7 @@ WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-bench.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # io mode
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$1" \
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$1" --insecure \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
     for _ in $(seq 100); do grep -q "control API on" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done

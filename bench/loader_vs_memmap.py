@@ -74,7 +74,7 @@ def main():
         np.random.default_rng(1).integers(0, 50_257, size=args.tokens, dtype=np.uint16).tofile(path)
         node = subprocess.Popen(
             [str(BIN / "sluiced"), "--data-dir", str(tmp / "node"), "--listen", "127.0.0.1:0",
-             "--control", "127.0.0.1:0", "--io-mode", "buffered"],
+             "--control", "127.0.0.1:0", "--io-mode", "buffered", "--insecure"],
             stdout=subprocess.PIPE, text=True, env={**os.environ, "SLUICE_LOG": "warn"})
         endpoint = None
         for line in node.stdout:

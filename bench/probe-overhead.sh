@@ -14,7 +14,7 @@ WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-probe.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # extra flags
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered "$@" \
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered --insecure "$@" \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
     for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done

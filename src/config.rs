@@ -63,6 +63,9 @@ pub struct NodeConfig {
     pub user: Option<String>,
     /// Attach the eBPF trace program to this node's probes (needs root).
     pub ebpf: bool,
+    /// Serve without access grants: any client reaching the data port reads
+    /// any sealed dataset. Local development only; the node warns.
+    pub insecure: bool,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
 }
@@ -98,6 +101,7 @@ impl Default for NodeConfig {
             connections_max: 4096,
             user: None,
             ebpf: false,
+            insecure: false,
             faults: None,
         }
     }

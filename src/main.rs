@@ -126,8 +126,12 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
         record.content_hash.as_deref().unwrap_or("-")
     );
 
+    // Reads need a grant, as on any node: the demo issues itself one.
+    let grant = node.control.issue_grant(&name, "quickstart").map_err(|e| e.to_string())?;
+    println!("granted {name} to client \"quickstart\" (grant {})", grant.id);
     let client = Client::connect(&node.control_url()).await.map_err(|e| e.to_string())?;
-    let dataset = Arc::new(client.open(&name).await.map_err(|e| e.to_string())?);
+    let options = sluice_client::OpenOptions { token: grant.token, ..Default::default() };
+    let dataset = Arc::new(client.open_with(&name, options).await.map_err(|e| e.to_string())?);
     check_windows(&dataset, &record.namespace, window_bytes, token_bytes).await?;
 
     println!(

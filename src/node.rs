@@ -87,6 +87,13 @@ impl Node {
             Arc::clone(&plane),
             config.namespace_devices.clone(),
         )?);
+        control.set_insecure(config.insecure);
+        if config.insecure {
+            tracing::warn!(
+                "grants are OFF (--insecure): any client that reaches the data port reads any sealed dataset; \
+                 for local development only"
+            );
+        }
 
         let data_listener = TcpListener::bind(config.listen).await.map_err(|source| NodeError::Bind {
             what: "the data plane",
@@ -106,6 +113,7 @@ impl Node {
             info.data_addr = data_addr.to_string();
             info.control_addr = control_addr.to_string();
             info.driver = plane.describe().to_string();
+            info.grants_required = !config.insecure;
         });
 
         let (shutdown, shutdown_rx) = watch::channel(false);

@@ -27,7 +27,8 @@ fn random_ranges_read_back_byte_exact() {
 
     let client = Client::connect(&node.endpoint).expect("connect");
     assert_eq!(client.transport(), "tcp");
-    let dataset = client.open_with("random", OpenOptions { verify_chunks: true }).expect("open");
+    let dataset =
+        client.open_with("random", OpenOptions { verify_chunks: true, ..OpenOptions::default() }).expect("open");
     assert_eq!(dataset.len_bytes(), expected.len() as u64);
     assert!(dataset.info().content_hash.starts_with("blake3:"));
 

@@ -254,6 +254,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
         data_dir: node_dir.clone(),
         listen: "127.0.0.1:0".parse().map_err(|_| "address")?,
         control: "127.0.0.1:0".parse().map_err(|_| "address")?,
+        insecure: true,
         ..NodeConfig::default()
     };
     let in_process = runtime.block_on(Node::start(config)).map_err(|e| format!("in-process node: {e}"))?;

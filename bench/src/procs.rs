@@ -37,7 +37,8 @@ impl Server {
         let mut child = command
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--io-mode", io_mode])
+            // Loopback only, so no grants: the suite measures the data path.
+            .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--io-mode", io_mode, "--insecure"])
             .args(extra)
             .env("SLUICE_LOG", "warn")
             .stdout(Stdio::piped())

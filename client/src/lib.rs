@@ -61,12 +61,18 @@ pub enum ClientError {
     BadAddress(String),
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     /// Check the CRC32C of every whole 64 KiB chunk a read covers against
     /// the dataset's manifest; a mismatch fails that range.
     pub verify_chunks: bool,
+    /// The grant's token (`sluicectl grant create`); when `None`, the
+    /// `SLUICE_TOKEN` environment variable, if set.
+    pub token: Option<String>,
 }
+
+/// Where a job finds its grant's token when the code names none.
+pub const TOKEN_ENV: &str = "SLUICE_TOKEN";
 
 /// A connection to one node.
 pub struct Client {
@@ -140,7 +146,8 @@ impl Client {
     }
 
     pub async fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
-        let (handle, info) = self.transport.open(name, None).await?;
+        let token = options.token.or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
+        let (handle, info) = self.transport.open(name, token).await?;
         let chunk_crcs = if options.verify_chunks {
             let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{name}/chunks")).await?;
             Some(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())

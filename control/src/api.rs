@@ -29,6 +29,8 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}/seal", post(seal))
         .route("/v1/datasets/{name}/scrub", post(scrub))
         .route("/v1/datasets/{name}/chunks", get(chunks))
+        .route("/v1/grants", get(list_grants).post(create_grant))
+        .route("/v1/grants/{id}", axum::routing::delete(revoke_grant))
         .route(
             "/v1/datasets/{name}/index",
             get(record_index).post(stage_index).layer(DefaultBodyLimit::max(crate::node::STAGED_INDEX_BYTES_MAX)),
@@ -63,6 +65,9 @@ impl From<ControlError> for ApiError {
                 StatusCode::BAD_REQUEST
             }
             ControlError::Catalog(CatalogError::Full) => StatusCode::INSUFFICIENT_STORAGE,
+            ControlError::Catalog(CatalogError::GrantsFull) => StatusCode::INSUFFICIENT_STORAGE,
+            ControlError::BadGrant(_) => StatusCode::BAD_REQUEST,
+            ControlError::UnknownGrant(_) => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: err.code().to_string(), message: err.to_string() }
@@ -103,6 +108,30 @@ async fn create(
 ) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
     Ok((StatusCode::CREATED, Json(control.create_with(&request.name, kind, request.record_size)?)))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GrantRequest {
+    pub dataset: String,
+    /// Who the grant is for: a job, host or service identity.
+    pub client: String,
+}
+
+/// Issues a grant; the response is the only place its token appears.
+async fn create_grant(
+    State(control): State<Shared>,
+    Json(request): Json<GrantRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok((StatusCode::CREATED, Json(control.issue_grant(&request.dataset, &request.client)?)))
+}
+
+async fn list_grants(State(control): State<Shared>) -> impl IntoResponse {
+    Json(control.list_grants())
+}
+
+async fn revoke_grant(State(control): State<Shared>, Path(id): Path<u64>) -> Result<impl IntoResponse, ApiError> {
+    control.revoke_grant(id)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn stat(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {

@@ -8,6 +8,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use crate::grants::{GrantRecord, GRANTS_MAX};
 use crate::kind::DatasetKind;
 
 const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
@@ -16,6 +17,9 @@ const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
 const CHUNK_CRCS: TableDefinition<u64, &[u8]> = TableDefinition::new("chunk_crcs");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NEXT_ID: &str = "next_dataset_id";
+/// Access grants by id (JSON [`GrantRecord`]s).
+const GRANTS: TableDefinition<u64, &[u8]> = TableDefinition::new("grants");
+const NEXT_GRANT_ID: &str = "next_grant_id";
 
 /// Most datasets one node's catalog holds.
 pub const DATASETS_MAX: usize = 65_536;
@@ -95,6 +99,14 @@ pub enum CatalogError {
     Unknown(String),
     #[error("the catalog holds its limit of {DATASETS_MAX} datasets")]
     Full,
+    #[error("the catalog holds its limit of {GRANTS_MAX} grants")]
+    GrantsFull,
+    #[error("grant record {id} is unreadable: {source}")]
+    GrantRecord {
+        id: u64,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("invalid dataset name {0:?}: use 1-128 of [A-Za-z0-9._-], not starting with '.'")]
     BadName(String),
 }
@@ -122,6 +134,7 @@ impl Catalog {
             txn.open_table(DATASETS).map_err(store)?;
             txn.open_table(CHUNK_CRCS).map_err(store)?;
             txn.open_table(META).map_err(store)?;
+            txn.open_table(GRANTS).map_err(store)?;
         }
         txn.commit().map_err(store)?;
         Ok(Self { db })
@@ -221,6 +234,47 @@ impl Catalog {
         Ok(value
             .map(|v| v.value().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
             .unwrap_or_default())
+    }
+
+    /// Stores a new grant; `make` builds it from the id it is given.
+    pub fn add_grant(&self, make: impl FnOnce(u64) -> GrantRecord) -> Result<GrantRecord, CatalogError> {
+        let txn = self.db.begin_write().map_err(store)?;
+        let grant = {
+            let mut grants = txn.open_table(GRANTS).map_err(store)?;
+            if grants.len().map_err(store)? as usize >= GRANTS_MAX {
+                return Err(CatalogError::GrantsFull);
+            }
+            let mut meta = txn.open_table(META).map_err(store)?;
+            let id = meta.get(NEXT_GRANT_ID).map_err(store)?.map(|v| v.value()).unwrap_or(1);
+            meta.insert(NEXT_GRANT_ID, id + 1).map_err(store)?;
+            let grant = make(id);
+            debug_assert_eq!(grant.id, id);
+            let bytes = serde_json::to_vec(&grant).map_err(|source| CatalogError::GrantRecord { id, source })?;
+            grants.insert(id, bytes.as_slice()).map_err(store)?;
+            grant
+        };
+        txn.commit().map_err(store)?;
+        Ok(grant)
+    }
+
+    /// Removes a grant; whether it existed.
+    pub fn remove_grant(&self, id: u64) -> Result<bool, CatalogError> {
+        let txn = self.db.begin_write().map_err(store)?;
+        let existed = txn.open_table(GRANTS).map_err(store)?.remove(id).map_err(store)?.is_some();
+        txn.commit().map_err(store)?;
+        Ok(existed)
+    }
+
+    pub fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError> {
+        let txn = self.db.begin_read().map_err(store)?;
+        let table = txn.open_table(GRANTS).map_err(store)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(store)? {
+            let (id, bytes) = entry.map_err(store)?;
+            let id = id.value();
+            out.push(serde_json::from_slice(bytes.value()).map_err(|source| CatalogError::GrantRecord { id, source })?);
+        }
+        Ok(out)
     }
 
     pub fn remove(&self, record: &DatasetRecord) -> Result<(), CatalogError> {

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod grants;
 pub mod index;
 pub mod ingest;
 pub mod kind;

@@ -10,10 +10,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sluice_dataplane::driver::DriverKind;
 use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec, CHUNK_SIZE_BYTES};
-use sluice_rdma::tcp::{DatasetResolver, OpenError};
+use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
 use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
 use crate::catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::grants::{self, GrantRecord, GrantView};
 use crate::index::IndexFile;
 use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use crate::kind::DatasetKind;
@@ -43,6 +44,10 @@ pub enum ControlError {
     DataPlane(String),
     #[error("{0}")]
     Records(String),
+    #[error("{0}")]
+    BadGrant(String),
+    #[error("no grant {0}")]
+    UnknownGrant(u64),
 }
 
 impl ControlError {
@@ -53,6 +58,9 @@ impl ControlError {
             Self::Catalog(CatalogError::Exists(_)) => "dataset_exists",
             Self::Catalog(CatalogError::BadName(_)) => "bad_name",
             Self::Catalog(CatalogError::Full) => "catalog_full",
+            Self::Catalog(CatalogError::GrantsFull) => "grants_full",
+            Self::BadGrant(_) => "bad_input",
+            Self::UnknownGrant(_) => "unknown_grant",
             Self::Catalog(_) => "catalog",
             Self::Ingest(IngestError::NoSpace { .. }) => "no_space",
             Self::Ingest(_) => "bad_input",
@@ -87,6 +95,12 @@ pub struct ControlPlane {
     busy: Mutex<HashSet<String>>,
     info: RwLock<NodeInfo>,
     trace: RwLock<Option<TraceSource>>,
+    /// Grants by token hash, mirrored from the catalog.
+    grants: RwLock<HashMap<String, GrantRecord>>,
+    /// Bumped at every revocation; sessions re-check their grants.
+    revocations: tokio::sync::watch::Sender<u64>,
+    /// Serve without grants (local development only).
+    insecure: std::sync::atomic::AtomicBool,
 }
 
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
@@ -153,8 +167,15 @@ impl ControlPlane {
             busy: Mutex::new(HashSet::new()),
             info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
             trace: RwLock::new(None),
+            grants: RwLock::new(HashMap::new()),
+            revocations: tokio::sync::watch::Sender::new(0),
+            insecure: std::sync::atomic::AtomicBool::new(false),
         };
         control.recover()?;
+        let grants = control.catalog.grants()?;
+        if let Ok(mut map) = control.grants.write() {
+            map.extend(grants.into_iter().map(|g| (g.token_hash.clone(), g)));
+        }
         Ok(control)
     }
 
@@ -523,6 +544,15 @@ impl ControlPlane {
     pub async fn delete(&self, name: &str) -> Result<(), ControlError> {
         let _guard = self.busy(name)?;
         let mut record = self.catalog.require(name)?;
+        // Its grants go first, which also closes the sessions reading it.
+        let doomed: Vec<u64> = self
+            .grants
+            .read()
+            .map(|g| g.values().filter(|g| g.dataset_id == record.id).map(|g| g.id).collect())
+            .unwrap_or_default();
+        for id in doomed {
+            self.revoke_grant(id)?;
+        }
         record.state = DatasetState::Deleting;
         self.catalog.update(&record, None)?;
         let attached = self.attached.lock().await.remove(name);
@@ -532,6 +562,109 @@ impl ControlPlane {
         self.remove_namespace(&record);
         self.catalog.remove(&record)?;
         Ok(())
+    }
+
+    /// Serve without grants: every client that reaches the data port reads
+    /// every sealed dataset. For local development; the node says so.
+    pub fn set_insecure(&self, insecure: bool) {
+        self.insecure.store(insecure, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn insecure(&self) -> bool {
+        self.insecure.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Issues a grant of `dataset` to `client`; the answer carries the
+    /// token, which the node does not keep and cannot show again.
+    pub fn issue_grant(&self, dataset: &str, client: &str) -> Result<GrantView, ControlError> {
+        if !grants::valid_client(client) {
+            return Err(ControlError::BadGrant(format!(
+                "invalid client identity {client:?}: 1-{} printable characters, no spaces",
+                grants::CLIENT_BYTES_MAX
+            )));
+        }
+        let record = self.catalog.require(dataset)?;
+        if record.state == DatasetState::Deleting {
+            return Err(ControlError::State {
+                name: dataset.into(),
+                state: record.state,
+                action: "granting",
+                needed: "not being deleted",
+            });
+        }
+        let token = grants::new_token();
+        let grant = self.catalog.add_grant(|id| GrantRecord {
+            id,
+            client: client.to_string(),
+            dataset: record.name.clone(),
+            dataset_id: record.id,
+            token_hash: grants::token_hash(&token),
+            created_unix_ms: now_unix_ms(),
+        })?;
+        tracing::info!(grant = grant.id, client, dataset, "grant issued");
+        let mut view = GrantView::from(&grant);
+        view.token = Some(token);
+        if let Ok(mut map) = self.grants.write() {
+            map.insert(grant.token_hash.clone(), grant);
+        }
+        Ok(view)
+    }
+
+    pub fn list_grants(&self) -> Vec<GrantView> {
+        let mut views: Vec<GrantView> =
+            self.grants.read().map(|g| g.values().map(GrantView::from).collect()).unwrap_or_default();
+        views.sort_by_key(|v| v.id);
+        views
+    }
+
+    /// Revokes a grant: new opens with its token fail from now on, and the
+    /// sessions opened with it are closed.
+    pub fn revoke_grant(&self, id: u64) -> Result<(), ControlError> {
+        if !self.catalog.remove_grant(id)? {
+            return Err(ControlError::UnknownGrant(id));
+        }
+        if let Ok(mut map) = self.grants.write() {
+            map.retain(|_, g| g.id != id);
+        }
+        self.revocations.send_modify(|epoch| *epoch += 1);
+        tracing::info!(grant = id, "grant revoked");
+        Ok(())
+    }
+
+    /// Whether grant `id` still stands.
+    pub fn grant_live(&self, id: u64) -> bool {
+        self.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id))
+    }
+
+    /// The grant `token` gives for `dataset` (checked against the dataset's
+    /// id, not only its name), or why there is none.
+    fn check_grant(&self, dataset: &str, token: Option<&str>) -> Result<Option<u64>, OpenError> {
+        if self.insecure() {
+            return Ok(None);
+        }
+        let denied = |message: String| OpenError { code: ErrorCode::AccessDenied, message };
+        let Some(token) = token else {
+            return Err(denied(format!(
+                "reading {dataset} needs a grant: this node checks access (issue one with \
+                 `sluicectl grant create {dataset} --client ID` and pass its token, e.g. SLUICE_TOKEN)"
+            )));
+        };
+        let record = self
+            .catalog
+            .require(dataset)
+            .map_err(|e| OpenError { code: ErrorCode::UnknownDataset, message: e.to_string() })?;
+        let hash = grants::token_hash(token);
+        let grants = self.grants.read().map_err(|_| denied("grant table unavailable".into()))?;
+        match grants.get(&hash) {
+            Some(grant) if grant.dataset_id == record.id => {
+                tracing::debug!(grant = grant.id, client = grant.client, dataset, "open granted");
+                Ok(Some(grant.id))
+            }
+            Some(_) => Err(denied(format!("the token given is not a grant for {dataset}"))),
+            None => Err(denied(format!(
+                "the token given for {dataset} is not a grant on this node (revoked or never issued)"
+            ))),
+        }
     }
 
     /// Attaches a sealed dataset to the data plane (once) for reading.
@@ -645,14 +778,25 @@ impl IngestSession<'_> {
 pub struct Resolver(pub Arc<ControlPlane>);
 
 impl DatasetResolver for Resolver {
-    async fn open(&self, name: String, _token: Option<String>) -> Result<(DatasetSlot, OpenInfo), OpenError> {
-        self.0.open_for_read(&name).await.map_err(|err| {
+    async fn open(&self, name: String, token: Option<String>) -> Result<Opened, OpenError> {
+        // Access first: nothing is attached for a client without a grant.
+        let grant = self.0.check_grant(&name, token.as_deref())?;
+        let (slot, info) = self.0.open_for_read(&name).await.map_err(|err| {
             let code = match &err {
                 ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,
                 ControlError::State { .. } => ErrorCode::NotSealed,
                 _ => ErrorCode::Internal,
             };
             OpenError { code, message: err.to_string() }
-        })
+        })?;
+        Ok(Opened { slot, info, grant })
+    }
+
+    fn grant_live(&self, grant: u64) -> bool {
+        self.0.grant_live(grant)
+    }
+
+    fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.revocations.subscribe()
     }
 }

@@ -71,6 +71,19 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     )
     .expect("the namespace holds the dataset");
 
+    // Reads need a grant: none, no bytes; the operator issues one.
+    let denied = rig
+        .exec(Host::Training, &format!("{sluicectl} --endpoint {endpoint} read tokens --offset 0 --len 1 -o /tmp/none"))
+        .expect("run read");
+    assert!(!denied.success() && denied.stderr.contains("needs a grant"), "{}", denied.stderr);
+    let grant: serde_json::Value = serde_json::from_str(
+        &ctl(Host::Storage, "--json grant create tokens --client trainer@training").expect("grant create"),
+    )
+    .expect("grant json");
+    let token = grant["token"].as_str().expect("token").to_string();
+    let ctl =
+        |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} --token {token} {args}"));
+
     // The training side: random unaligned reads across the wire.
     for i in 0..12 {
         let len = rng.gen_range(1..=(1usize << 20));
@@ -83,7 +96,9 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let out_of_range = rig
         .exec(
             Host::Training,
-            &format!("{sluicectl} --endpoint {endpoint} read tokens --offset {DATASET_BYTES} --len 1 -o /tmp/none"),
+            &format!(
+                "{sluicectl} --endpoint {endpoint} --token {token} read tokens --offset {DATASET_BYTES} --len 1 -o /tmp/none"
+            ),
         )
         .expect("run read");
     assert!(!out_of_range.success(), "a read past the end must fail");

@@ -34,6 +34,9 @@ pub struct NodeInfo {
     pub driver: String,
     #[serde(default)]
     pub data_dir: String,
+    /// Opens need a grant's token (false on a node started `--insecure`).
+    #[serde(default)]
+    pub grants_required: bool,
 }
 
 /// What a client learns when it opens a dataset.

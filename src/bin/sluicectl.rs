@@ -24,6 +24,9 @@ struct Cli {
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// Access grant token for reads (`grant create` prints one).
+    #[arg(long, global = true, env = "SLUICE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,6 +36,9 @@ enum Command {
     /// Create, ingest, seal, list, inspect and delete datasets.
     #[command(subcommand)]
     Dataset(DatasetCommand),
+    /// Issue, list and revoke access grants (a token per client and dataset).
+    #[command(subcommand)]
+    Grant(GrantCommand),
     /// Read one byte range of a sealed dataset to stdout or a file.
     Read {
         name: String,
@@ -113,6 +119,22 @@ enum DatasetCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum GrantCommand {
+    /// Issue a grant of DATASET to a client; prints its token once.
+    Create {
+        dataset: String,
+        /// Who the grant is for (job, host or service identity).
+        #[arg(long)]
+        client: String,
+    },
+    Ls,
+    /// Revoke a grant: new opens fail and open sessions are closed.
+    Revoke {
+        id: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// Random reads through the client, as a training job would issue them.
     Read {
@@ -159,9 +181,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let api = Api { endpoint: cli.endpoint.trim_end_matches('/').to_string() };
+    let api = Api { endpoint: cli.endpoint.trim_end_matches('/').to_string(), token: cli.token.clone() };
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
+        Command::Grant(command) => grant(&api, cli.json, command),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
         Command::Scrub { name } => scrub(&api, name, cli.json),
         Command::Top { once, interval } => top(&api, *once, *interval, cli.json),
@@ -186,9 +209,15 @@ fn run(cli: &Cli) -> Result<()> {
 
 struct Api {
     endpoint: String,
+    /// The grant token reads open datasets with.
+    token: Option<String>,
 }
 
 impl Api {
+    fn open_options(&self) -> sluice_client::OpenOptions {
+        sluice_client::OpenOptions { token: self.token.clone(), ..Default::default() }
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.endpoint)
     }
@@ -215,6 +244,51 @@ impl Api {
         let response = self.call(ureq::get(&self.url(path)).call())?;
         response.into_json().map_err(|e| format!("bad answer from {path}: {e}"))
     }
+}
+
+fn grant(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
+    match command {
+        GrantCommand::Create { dataset, client } => {
+            let body = serde_json::json!({ "dataset": dataset, "client": client });
+            let grant: Value =
+                api.call(ureq::post(&api.url("/v1/grants")).send_json(body))?.into_json().map_err(|e| e.to_string())?;
+            if json {
+                println!("{grant}");
+            } else {
+                println!("grant {} of {dataset} to {client}", grant["id"]);
+                println!(
+                    "token (shown once; pass it as --token or SLUICE_TOKEN): {}",
+                    grant["token"].as_str().unwrap_or("")
+                );
+            }
+        }
+        GrantCommand::Ls => {
+            let grants: Vec<Value> = api.get_json("/v1/grants")?;
+            if json {
+                println!("{}", Value::Array(grants));
+            } else {
+                println!("{:>6}  {:<32} {:<40} CREATED (unix ms)", "ID", "DATASET", "CLIENT");
+                for g in grants {
+                    println!(
+                        "{:>6}  {:<32} {:<40} {}",
+                        g["id"],
+                        g["dataset"].as_str().unwrap_or(""),
+                        g["client"].as_str().unwrap_or(""),
+                        g["created_unix_ms"]
+                    );
+                }
+            }
+        }
+        GrantCommand::Revoke { id } => {
+            api.call(ureq::delete(&api.url(&format!("/v1/grants/{id}"))).call())?;
+            if json {
+                println!("{}", serde_json::json!({ "revoked": id }));
+            } else {
+                println!("revoked grant {id}");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
@@ -418,7 +492,7 @@ const READ_PIECE_BYTES: u64 = 64 << 20;
 fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>) -> Result<()> {
     runtime()?.block_on(async {
         let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
-        let dataset = client.open(name).await.map_err(|e| e.to_string())?;
+        let dataset = client.open_with(name, api.open_options()).await.map_err(|e| e.to_string())?;
         let mut out: Box<dyn Write> = match output {
             Some(path) => Box::new(File::create(path).map_err(|e| format!("{}: {e}", path.display()))?),
             None => Box::new(std::io::stdout().lock()),
@@ -452,7 +526,7 @@ fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>) -> 
 fn bench_read(api: &Api, name: &str, params: BenchParams, json: bool) -> Result<()> {
     runtime()?.block_on(async {
         let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
-        let dataset = Arc::new(client.open(name).await.map_err(|e| e.to_string())?);
+        let dataset = Arc::new(client.open_with(name, api.open_options()).await.map_err(|e| e.to_string())?);
         let report = readbench::run(dataset, params).await.map_err(|e| e.to_string())?;
         if json {
             let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
@@ -490,7 +564,7 @@ fn replay(
     let name = record.name.clone();
     let (samples, data) = runtime()?.block_on(async {
         let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
-        let dataset = client.open(&name).await.map_err(|e| e.to_string())?;
+        let dataset = client.open_with(&name, api.open_options()).await.map_err(|e| e.to_string())?;
         let index = match state.kind {
             sluice_client::sampler::SamplerKind::Record => {
                 Some(dataset.record_index().await.map_err(|e| e.to_string())?)

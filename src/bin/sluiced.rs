@@ -43,6 +43,10 @@ struct Args {
     /// Trace small-read traffic with eBPF (needs root; `sluicectl top`).
     #[arg(long)]
     ebpf: bool,
+    /// Serve without access grants (local development only): any client
+    /// that reaches the data port reads any sealed dataset.
+    #[arg(long)]
+    insecure: bool,
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         config.cores = cores;
     }
     config.ebpf |= args.ebpf;
+    config.insecure |= args.insecure;
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;
     }

@@ -19,12 +19,22 @@ pub struct NodeProcess {
 
 impl NodeProcess {
     /// Starts a node on ephemeral loopback ports and waits for it to say
-    /// where it serves.
+    /// where it serves. Grants are off (`--insecure`) unless a test is about
+    /// them: see [`NodeProcess::start_secure`].
     pub fn start(data_dir: &Path) -> Self {
         Self::start_with(data_dir, &[])
     }
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn(data_dir, &[&["--insecure"], extra].concat())
+    }
+
+    /// A node that checks access grants.
+    pub fn start_secure(data_dir: &Path) -> Self {
+        Self::spawn(data_dir, &[])
+    }
+
+    fn spawn(data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])

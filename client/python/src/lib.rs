@@ -43,10 +43,10 @@ impl Client {
         self.inner.transport()
     }
 
-    #[pyo3(signature = (name, verify_chunks = false))]
-    fn open(&self, py: Python<'_>, name: String, verify_chunks: bool) -> PyResult<Dataset> {
+    #[pyo3(signature = (name, verify_chunks = false, token = None))]
+    fn open(&self, py: Python<'_>, name: String, verify_chunks: bool, token: Option<String>) -> PyResult<Dataset> {
         let client = Arc::clone(&self.inner);
-        let options = OpenOptions { verify_chunks };
+        let options = OpenOptions { verify_chunks, token };
         let inner = py.allow_threads(|| self.runtime.block_on(client.open_with(&name, options))).map_err(io_err)?;
         Ok(Dataset { runtime: Arc::clone(&self.runtime), inner: Arc::new(inner), name })
     }

@@ -24,7 +24,7 @@ class Node:
     def __init__(self, workdir: pathlib.Path):
         self.proc = subprocess.Popen(
             [_binary("sluiced"), "--data-dir", str(workdir / "node"), "--listen", "127.0.0.1:0",
-             "--control", "127.0.0.1:0", "--cores", "2"],
+             "--control", "127.0.0.1:0", "--cores", "2", "--insecure"],
             stdout=subprocess.PIPE, text=True, env={**os.environ, "SLUICE_LOG": "warn"},
         )
         self.endpoint = None

@@ -13,7 +13,7 @@ use std::io::{self, IoSlice};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 pub use client::{ReadSink, TcpClient, TransportError};
-pub use server::{serve, DatasetResolver, OpenError, ServerConfig};
+pub use server::{serve, DatasetResolver, OpenError, Opened, ServerConfig};
 
 /// Most iovecs handed to one `writev` (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;

@@ -23,13 +23,23 @@ use crate::wire::{self, BatchStatus, FrameKind};
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
 const PROTOCOL: u32 = 1;
 
-/// Resolves dataset names for `Open`: the catalog's side of the server.
+/// Resolves dataset names for `Open` and decides access: the catalog's side
+/// of the server.
 pub trait DatasetResolver: Send + Sync + 'static {
-    fn open(
-        &self,
-        name: String,
-        token: Option<String>,
-    ) -> impl Future<Output = Result<(DatasetSlot, OpenInfo), OpenError>> + Send;
+    fn open(&self, name: String, token: Option<String>) -> impl Future<Output = Result<Opened, OpenError>> + Send;
+    /// Whether the grant an open was made under still stands.
+    fn grant_live(&self, grant: u64) -> bool;
+    /// Changes whenever a grant is revoked.
+    fn revocations(&self) -> watch::Receiver<u64>;
+}
+
+/// A dataset opened for a client.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    pub slot: DatasetSlot,
+    pub info: OpenInfo,
+    /// The grant the open was made under; `None` on a node without grants.
+    pub grant: Option<u64>,
 }
 
 /// Why an open failed; sent to that client only.
@@ -141,6 +151,8 @@ enum Fatal {
     Protocol(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the grant this session opened {0} under was revoked")]
+    Revoked(String),
 }
 
 impl Fatal {
@@ -149,6 +161,7 @@ impl Fatal {
             Self::Frame(wire::FrameError::Oversized { .. }) => ErrorCode::OversizedFrame,
             Self::Frame(_) | Self::Codec(_) => ErrorCode::MalformedFrame,
             Self::Protocol(_) | Self::Io(_) => ErrorCode::Protocol,
+            Self::Revoked(_) => ErrorCode::AccessDenied,
         }
     }
 }
@@ -169,7 +182,12 @@ impl<R: DatasetResolver> Connection<R> {
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
         let writer = tokio::spawn(write_loop(writer, out_rx, self.config.write_timeout, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
-        match self.read_loop(&mut reader, &out_tx, &semaphore).await {
+        let granted = std::sync::Mutex::new(Vec::new());
+        let outcome = tokio::select! {
+            outcome = self.read_loop(&mut reader, &out_tx, &semaphore, &granted) => outcome,
+            name = self.revoked(&granted) => Err(Fatal::Revoked(name)),
+        };
+        match outcome {
             Ok(()) => tracing::debug!(peer = %self.peer, "client closed the connection"),
             Err(Fatal::Io(err)) => tracing::debug!(peer = %self.peer, "connection lost: {err}"),
             Err(fatal) => {
@@ -182,11 +200,29 @@ impl<R: DatasetResolver> Connection<R> {
         let _ = writer.await;
     }
 
+    /// Resolves when a grant this connection opened a dataset under is
+    /// revoked, with that dataset's name. The read loop is dropped then:
+    /// the session ends, whatever it was waiting for.
+    async fn revoked(&self, granted: &std::sync::Mutex<Vec<(u64, String)>>) -> String {
+        let mut revocations = self.resolver.revocations();
+        loop {
+            if revocations.changed().await.is_err() {
+                // The control plane is gone; the node is stopping.
+                return std::future::pending().await;
+            }
+            let held = granted.lock().map(|g| g.clone()).unwrap_or_default();
+            if let Some((_, name)) = held.iter().find(|(grant, _)| !self.resolver.grant_live(*grant)) {
+                return name.clone();
+            }
+        }
+    }
+
     async fn read_loop(
         &self,
         reader: &mut OwnedReadHalf,
         out: &mpsc::Sender<Outgoing>,
         semaphore: &Arc<Semaphore>,
+        granted: &std::sync::Mutex<Vec<(u64, String)>>,
     ) -> Result<(), Fatal> {
         let mut handles: HashMap<u32, DatasetSlot> = HashMap::new();
         let mut next_handle = 1u32;
@@ -220,11 +256,17 @@ impl<R: DatasetResolver> Connection<R> {
                                     message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
                                 }
                             } else {
-                                match self.resolver.open(name, token).await {
-                                    Ok((slot, info)) => {
+                                match self.resolver.open(name.clone(), token).await {
+                                    Ok(Opened { slot, info, grant }) => {
                                         let handle = next_handle;
                                         next_handle = next_handle.wrapping_add(1).max(1);
                                         handles.insert(handle, slot);
+                                        if let (Some(grant), Ok(mut granted)) = (grant, granted.lock()) {
+                                            // Bounded by the handle limit; a re-open adds no entry.
+                                            if !granted.iter().any(|(g, _)| *g == grant) {
+                                                granted.push((grant, name));
+                                            }
+                                        }
                                         ControlMessage::Opened { handle, info }
                                     }
                                     Err(err) => ControlMessage::Error { code: err.code, message: err.message },
