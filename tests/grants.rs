@@ -64,6 +64,21 @@ fn no_grant_no_bytes_and_revocation_closes_sessions() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.stdout, &a_bytes[100..1100]);
 
+    // The reads show in the node's metrics.
+    let metrics =
+        ureq::get(&format!("{}/metrics", node.endpoint)).call().expect("metrics").into_string().expect("text");
+    let served = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{dataset=\"a\"}} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(served("sluice_dataset_bytes_total"), a_bytes.len() as u64 + 1000, "{metrics}");
+    assert_eq!(served("sluice_dataset_ranges_total"), 2, "{metrics}");
+    assert!(metrics.contains("sluice_batch_latency_seconds_count{dataset=\"a\",lane=\"latency\"} 2"), "{metrics}");
+    assert!(metrics.contains("sluice_grants 2"), "{metrics}");
+
     // The listing names grants, never tokens.
     let listing = node.ctl_ok(&["--json", "grant", "ls"]);
     assert!(listing.contains("job-a/rank-0") && !listing.contains(&a_token[7..]), "{listing}");

@@ -22,6 +22,7 @@ pub type Shared = Arc<ControlPlane>;
 pub fn router(control: Shared) -> Router {
     Router::new()
         .route("/v1/node", get(node))
+        .route("/metrics", get(metrics))
         .route("/v1/trace", get(trace))
         .route("/v1/datasets", get(list).post(create))
         .route("/v1/datasets/{name}", get(stat).delete(remove))
@@ -83,6 +84,10 @@ impl IntoResponse for ApiError {
 
 fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request".into(), message: message.into() }
+}
+
+async fn metrics(State(control): State<Shared>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], control.metrics_text())
 }
 
 async fn node(State(control): State<Shared>) -> impl IntoResponse {

@@ -8,6 +8,7 @@ pub mod grants;
 pub mod index;
 pub mod ingest;
 pub mod kind;
+pub mod metrics;
 mod node;
 pub mod npy;
 pub mod tar;

@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sluice_dataplane::driver::DriverKind;
 use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec, CHUNK_SIZE_BYTES};
+use sluice_rdma::metrics::DatasetCounters;
 use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
 use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
@@ -101,6 +102,8 @@ pub struct ControlPlane {
     revocations: tokio::sync::watch::Sender<u64>,
     /// Serve without grants (local development only).
     insecure: std::sync::atomic::AtomicBool,
+    /// Serving counters per dataset name, shared with the transports.
+    serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
 
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
@@ -170,6 +173,7 @@ impl ControlPlane {
             grants: RwLock::new(HashMap::new()),
             revocations: tokio::sync::watch::Sender::new(0),
             insecure: std::sync::atomic::AtomicBool::new(false),
+            serving: Mutex::new(HashMap::new()),
         };
         control.recover()?;
         let grants = control.catalog.grants()?;
@@ -561,7 +565,82 @@ impl ControlPlane {
         }
         self.remove_namespace(&record);
         self.catalog.remove(&record)?;
+        if let Ok(mut serving) = self.serving.lock() {
+            serving.remove(name);
+        }
         Ok(())
+    }
+
+    /// The serving counters of `name`, made at its first open.
+    fn counters(&self, name: &str) -> Arc<DatasetCounters> {
+        match self.serving.lock() {
+            Ok(mut serving) => Arc::clone(serving.entry(name.to_string()).or_default()),
+            Err(_) => Arc::new(DatasetCounters::default()),
+        }
+    }
+
+    /// The Prometheus exposition of this node.
+    pub fn metrics_text(&self) -> String {
+        use crate::metrics::{render, DatasetSample, Gauge};
+        let serving: Vec<(String, Arc<DatasetCounters>)> = self
+            .serving
+            .lock()
+            .map(|s| s.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect())
+            .unwrap_or_default();
+        let samples: Vec<DatasetSample<'_>> =
+            serving.iter().map(|(name, counters)| DatasetSample { dataset: name, counters }).collect();
+        let records = self.catalog.list().unwrap_or_default();
+        let mut by_state: HashMap<String, f64> = HashMap::new();
+        for record in &records {
+            *by_state.entry(record.state.to_string()).or_default() += 1.0;
+        }
+        let mut gauges = vec![
+            Gauge {
+                name: "sluice_datasets",
+                help: "Datasets in the catalog, by state.",
+                samples: by_state.into_iter().map(|(state, n)| (vec![("state", state)], n)).collect(),
+            },
+            Gauge {
+                name: "sluice_grants",
+                help: "Access grants standing.",
+                samples: vec![(vec![], self.grants.read().map(|g| g.len()).unwrap_or(0) as f64)],
+            },
+        ];
+        let mut capacity = Vec::new();
+        let mut used = Vec::new();
+        for device in &self.namespace_devices {
+            let path = device.display().to_string();
+            let bytes = std::fs::File::open(device)
+                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+                .unwrap_or(0);
+            capacity.push((vec![("device", path.clone())], bytes as f64));
+            let held: u64 = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
+            used.push((vec![("device", path)], held as f64));
+        }
+        gauges.push(Gauge {
+            name: "sluice_namespace_device_capacity_bytes",
+            help: "Capacity of each namespace device given to the node.",
+            samples: capacity,
+        });
+        gauges.push(Gauge {
+            name: "sluice_namespace_device_used_bytes",
+            help: "Bytes of datasets on each namespace device.",
+            samples: used,
+        });
+        if let Ok(stat) = nix::sys::statvfs::statvfs(&self.namespace_dir) {
+            let block = stat.fragment_size() as f64;
+            gauges.push(Gauge {
+                name: "sluice_data_dir_capacity_bytes",
+                help: "Size of the filesystem holding file namespaces.",
+                samples: vec![(vec![], stat.blocks() as f64 * block)],
+            });
+            gauges.push(Gauge {
+                name: "sluice_data_dir_available_bytes",
+                help: "Free space for file namespaces.",
+                samples: vec![(vec![], stat.blocks_available() as f64 * block)],
+            });
+        }
+        render(&samples, &gauges)
     }
 
     /// Serve without grants: every client that reaches the data port reads
@@ -789,7 +868,7 @@ impl DatasetResolver for Resolver {
             };
             OpenError { code, message: err.to_string() }
         })?;
-        Ok(Opened { slot, info, grant })
+        Ok(Opened { slot, info, grant, counters: self.0.counters(&name) })
     }
 
     fn grant_live(&self, grant: u64) -> bool {

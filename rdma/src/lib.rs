@@ -4,6 +4,7 @@
 //! semantics.
 
 pub mod codec;
+pub mod metrics;
 pub mod tcp;
 pub mod wire;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, ReadBatch, SubmitError};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, RangeStatus, ReadBatch, SubmitError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::{control_frame, read_frame_header, write_all_vectored};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use crate::metrics::{DatasetCounters, Lane};
 use crate::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
@@ -40,6 +41,8 @@ pub struct Opened {
     pub info: OpenInfo,
     /// The grant the open was made under; `None` on a node without grants.
     pub grant: Option<u64>,
+    /// Where this dataset's serving counters go.
+    pub counters: Arc<DatasetCounters>,
 }
 
 /// Why an open failed; sent to that client only.
@@ -61,6 +64,9 @@ pub struct ServerConfig {
     /// Batch limits announced to clients, which split their batches to fit.
     pub ranges_per_batch_max: u32,
     pub batch_footprint_max_bytes: u64,
+    /// Batches of at most this many bytes count as latency-lane traffic
+    /// (the data plane's own threshold).
+    pub latency_batch_bytes_max: u64,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +78,7 @@ impl Default for ServerConfig {
             connections_max: 4096,
             ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
             batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
+            latency_batch_bytes_max: 512 << 10,
         }
     }
 }
@@ -131,13 +138,22 @@ enum Outgoing {
         range_count: u32,
         result: oneshot::Receiver<Result<BatchResult, SubmitError>>,
         permit: OwnedSemaphorePermit,
+        tally: Tally,
     },
     Failed {
         batch_id: u64,
         range_count: u32,
         status: BatchStatus,
         permit: OwnedSemaphorePermit,
+        counters: Option<Arc<DatasetCounters>>,
     },
+}
+
+/// Where a batch's outcome is counted, and from when.
+struct Tally {
+    counters: Arc<DatasetCounters>,
+    lane: Lane,
+    submitted: std::time::Instant,
 }
 
 /// Why a connection is closed by the server.
@@ -224,7 +240,7 @@ impl<R: DatasetResolver> Connection<R> {
         semaphore: &Arc<Semaphore>,
         granted: &std::sync::Mutex<Vec<(u64, String)>>,
     ) -> Result<(), Fatal> {
-        let mut handles: HashMap<u32, DatasetSlot> = HashMap::new();
+        let mut handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>)> = HashMap::new();
         let mut next_handle = 1u32;
         let mut greeted = false;
         let mut payload = Vec::new();
@@ -257,10 +273,10 @@ impl<R: DatasetResolver> Connection<R> {
                                 }
                             } else {
                                 match self.resolver.open(name.clone(), token).await {
-                                    Ok(Opened { slot, info, grant }) => {
+                                    Ok(Opened { slot, info, grant, counters }) => {
                                         let handle = next_handle;
                                         next_handle = next_handle.wrapping_add(1).max(1);
-                                        handles.insert(handle, slot);
+                                        handles.insert(handle, (slot, counters));
                                         if let (Some(grant), Ok(mut granted)) = (grant, granted.lock()) {
                                             // Bounded by the handle limit; a re-open adds no entry.
                                             if !granted.iter().any(|(g, _)| *g == grant) {
@@ -289,24 +305,40 @@ impl<R: DatasetResolver> Connection<R> {
                     let batch_id = request.batch_id.get();
                     let range_count = request.range_count.get();
                     let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
-                    let Some(&slot) = handles.get(&request.handle.get()) else {
-                        let failed =
-                            Outgoing::Failed { batch_id, range_count, status: BatchStatus::UnknownHandle, permit };
+                    let Some((slot, counters)) = handles.get(&request.handle.get()) else {
+                        let failed = Outgoing::Failed {
+                            batch_id,
+                            range_count,
+                            status: BatchStatus::UnknownHandle,
+                            permit,
+                            counters: None,
+                        };
                         out.send(failed).await.map_err(|_| closed())?;
                         continue;
                     };
-                    let ranges = descriptors
+                    let slot = *slot;
+                    let ranges: Vec<ByteRange> = descriptors
                         .iter()
                         .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
                         .collect();
+                    let batch_bytes: u64 = ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
+                    let lane =
+                        if batch_bytes <= self.config.latency_batch_bytes_max { Lane::Latency } else { Lane::Bulk };
+                    let tally = Tally { counters: Arc::clone(counters), lane, submitted: std::time::Instant::now() };
                     let (reply, result) = oneshot::channel();
                     let outgoing = match self
                         .plane
                         .submit(ReadBatch { dataset: slot, client_id: self.client_id, ranges, reply })
                         .await
                     {
-                        Ok(()) => Outgoing::Batch { batch_id, range_count, result, permit },
-                        Err(_) => Outgoing::Failed { batch_id, range_count, status: BatchStatus::ShuttingDown, permit },
+                        Ok(()) => Outgoing::Batch { batch_id, range_count, result, permit, tally },
+                        Err(_) => Outgoing::Failed {
+                            batch_id,
+                            range_count,
+                            status: BatchStatus::ShuttingDown,
+                            permit,
+                            counters: Some(tally.counters),
+                        },
                     };
                     out.send(outgoing).await.map_err(|_| closed())?;
                 }
@@ -333,14 +365,17 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
             next = rx.recv(), if open => match next {
                 None => { open = false; Ok(Ok(())) }
                 Some(Outgoing::Control(frame)) => tokio::time::timeout(timeout, writer.write_all(&frame)).await,
-                Some(Outgoing::Failed { batch_id, range_count, status, permit }) => {
+                Some(Outgoing::Failed { batch_id, range_count, status, permit, counters }) => {
+                    if let Some(counters) = counters {
+                        counters.record_failed_batch();
+                    }
                     let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
                     wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
                     let result = tokio::time::timeout(timeout, writer.write_all(&head)).await;
                     drop(permit);
                     result
                 }
-                Some(Outgoing::Batch { batch_id, range_count, result, permit }) => {
+                Some(Outgoing::Batch { batch_id, range_count, result, permit, tally }) => {
                     pending.push(Box::pin(async move {
                         let outcome = match result.await {
                             Ok(Ok(batch)) => Ok(batch),
@@ -348,6 +383,15 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
                             Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
                             Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
                         };
+                        match &outcome {
+                            Ok(batch) => {
+                                let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
+                                let failed = batch.statuses().len() as u64 - ok;
+                                let elapsed = tally.submitted.elapsed();
+                                tally.counters.record_batch(tally.lane, ok, failed, batch.payload_bytes(), elapsed);
+                            }
+                            Err(_) => tally.counters.record_failed_batch(),
+                        }
                         (batch_id, range_count, outcome, permit)
                     }));
                     Ok(Ok(()))
