@@ -24,6 +24,12 @@ fn random_ranges_read_back_byte_exact() {
     }
     let refs: Vec<&std::path::Path> = paths.iter().map(|p| p.as_path()).collect();
     sealed_dataset(&node, "random", &refs);
+    // Without namespace devices the dataset is a file under the data dir.
+    let namespaces = node.ctl_ok(&["namespaces", "ls"]);
+    assert!(namespaces.lines().any(|l| l.starts_with("random") && l.contains(" file ")), "{namespaces}");
+    let devices: serde_json::Value = serde_json::from_str(&node.ctl_ok(&["--json", "devices", "ls"])).expect("json");
+    assert_eq!(devices[0]["kind"], "data_dir", "{devices}");
+    assert_eq!(devices[0]["datasets"], serde_json::json!(["random"]), "{devices}");
 
     let client = Client::connect(&node.endpoint).expect("connect");
     assert_eq!(client.transport(), "tcp");

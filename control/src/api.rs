@@ -23,6 +23,7 @@ pub fn router(control: Shared) -> Router {
     Router::new()
         .route("/v1/node", get(node))
         .route("/metrics", get(metrics))
+        .route("/v1/devices", get(devices))
         .route("/v1/trace", get(trace))
         .route("/v1/datasets", get(list).post(create))
         .route("/v1/datasets/{name}", get(stat).delete(remove))
@@ -88,6 +89,10 @@ fn bad_request(message: impl Into<String>) -> ApiError {
 
 async fn metrics(State(control): State<Shared>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], control.metrics_text())
+}
+
+async fn devices(State(control): State<Shared>) -> impl IntoResponse {
+    Json(control.devices())
 }
 
 async fn node(State(control): State<Shared>) -> impl IntoResponse {

@@ -15,5 +15,5 @@ pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
-pub use node::{ControlError, ControlPlane, IngestSession, Resolver, ScrubReport};
+pub use node::{ControlError, ControlPlane, DeviceReport, IngestSession, Resolver, ScrubReport};
 pub use sluice_rdma::NodeInfo;

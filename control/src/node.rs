@@ -106,6 +106,19 @@ pub struct ControlPlane {
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
 
+/// One place datasets live, for `GET /v1/devices`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// `nvme_namespace` (a whole namespace per dataset) or `data_dir` (the
+    /// filesystem holding file namespaces).
+    pub kind: String,
+    pub path: String,
+    pub capacity_bytes: u64,
+    /// Dataset bytes on a namespace device; filesystem use for the data dir.
+    pub used_bytes: u64,
+    pub datasets: Vec<String>,
+}
+
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
 pub type TraceSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
@@ -577,6 +590,35 @@ impl ControlPlane {
             Ok(mut serving) => Arc::clone(serving.entry(name.to_string()).or_default()),
             Err(_) => Arc::new(DatasetCounters::default()),
         }
+    }
+
+    /// What each place datasets live holds: every namespace device given to
+    /// the node, and the data directory's filesystem for file namespaces.
+    pub fn devices(&self) -> Vec<DeviceReport> {
+        let records = self.catalog.list().unwrap_or_default();
+        let mut out = Vec::new();
+        for device in &self.namespace_devices {
+            let path = device.display().to_string();
+            let capacity_bytes = std::fs::File::open(device)
+                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+                .unwrap_or(0);
+            let datasets: Vec<String> =
+                records.iter().filter(|r| r.namespace.path == path).map(|r| r.name.clone()).collect();
+            let used_bytes = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
+            out.push(DeviceReport { kind: "nvme_namespace".into(), path, capacity_bytes, used_bytes, datasets });
+        }
+        let (capacity_bytes, available_bytes) = nix::sys::statvfs::statvfs(&self.namespace_dir)
+            .map(|s| (s.blocks() * s.fragment_size(), s.blocks_available() * s.fragment_size()))
+            .unwrap_or((0, 0));
+        let in_files: Vec<&DatasetRecord> = records.iter().filter(|r| r.namespace.kind == "file").collect();
+        out.push(DeviceReport {
+            kind: "data_dir".into(),
+            path: self.namespace_dir.display().to_string(),
+            capacity_bytes,
+            used_bytes: capacity_bytes.saturating_sub(available_bytes),
+            datasets: in_files.iter().map(|r| r.name.clone()).collect(),
+        });
+        out
     }
 
     /// The Prometheus exposition of this node.

@@ -64,6 +64,11 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     assert_eq!(stat["namespace"]["kind"], "device", "{stat}");
     assert_eq!(stat["namespace"]["path"], dev1.as_str(), "{stat}");
     assert_eq!(stat["length_bytes"], DATASET_BYTES as u64, "{stat}");
+    let devices: serde_json::Value =
+        serde_json::from_str(&ctl(Host::Storage, "--json devices ls").expect("devices ls")).expect("devices json");
+    let held = devices.as_array().and_then(|d| d.iter().find(|d| d["path"] == dev1.as_str())).expect("dev1 listed");
+    assert_eq!(held["datasets"], serde_json::json!(["tokens"]), "{devices}");
+    assert_eq!(held["capacity_bytes"], 128u64 << 20, "{devices}");
     // The bytes are on the namespace itself, from its first block.
     rig.sh(
         Host::Storage,

@@ -39,6 +39,12 @@ enum Command {
     /// Issue, list and revoke access grants (a token per client and dataset).
     #[command(subcommand)]
     Grant(GrantCommand),
+    /// Where datasets live: namespace devices and the data directory.
+    #[command(subcommand)]
+    Devices(ListCommand),
+    /// Each dataset's namespace: kind, path, offset, length and why there.
+    #[command(subcommand)]
+    Namespaces(ListCommand),
     /// Read one byte range of a sealed dataset to stdout or a file.
     Read {
         name: String,
@@ -119,6 +125,11 @@ enum DatasetCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum ListCommand {
+    Ls,
+}
+
+#[derive(Subcommand, Debug)]
 enum GrantCommand {
     /// Issue a grant of DATASET to a client; prints its token once.
     Create {
@@ -185,6 +196,8 @@ fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Grant(command) => grant(&api, cli.json, command),
+        Command::Devices(ListCommand::Ls) => devices(&api, cli.json),
+        Command::Namespaces(ListCommand::Ls) => namespaces(&api, cli.json),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
         Command::Scrub { name } => scrub(&api, name, cli.json),
         Command::Top { once, interval } => top(&api, *once, *interval, cli.json),
@@ -244,6 +257,51 @@ impl Api {
         let response = self.call(ureq::get(&self.url(path)).call())?;
         response.into_json().map_err(|e| format!("bad answer from {path}: {e}"))
     }
+}
+
+fn devices(api: &Api, json: bool) -> Result<()> {
+    let devices: Vec<sluice_control::DeviceReport> = api.get_json("/v1/devices")?;
+    if json {
+        println!("{}", serde_json::to_string(&devices).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{:<15} {:<40} {:>16} {:>16}  DATASETS", "KIND", "PATH", "CAPACITY", "USED");
+    for d in devices {
+        println!(
+            "{:<15} {:<40} {:>16} {:>16}  {}",
+            d.kind,
+            d.path,
+            d.capacity_bytes,
+            d.used_bytes,
+            if d.datasets.is_empty() { "-".to_string() } else { d.datasets.join(",") }
+        );
+    }
+    Ok(())
+}
+
+fn namespaces(api: &Api, json: bool) -> Result<()> {
+    let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
+    if json {
+        let rows: Vec<Value> = records
+            .iter()
+            .map(|r| serde_json::json!({ "dataset": r.name, "length_bytes": r.length_bytes, "namespace": r.namespace }))
+            .collect();
+        println!("{}", Value::Array(rows));
+        return Ok(());
+    }
+    println!("{:<32} {:<7} {:<40} {:>12} {:>16}  REASON", "DATASET", "KIND", "PATH", "OFFSET", "BYTES");
+    for r in records {
+        println!(
+            "{:<32} {:<7} {:<40} {:>12} {:>16}  {}",
+            r.name,
+            r.namespace.kind,
+            r.namespace.path,
+            r.namespace.base_offset_bytes,
+            r.length_bytes,
+            r.namespace.reason
+        );
+    }
+    Ok(())
 }
 
 fn grant(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {

@@ -39,7 +39,7 @@ impl NodeProcess {
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
             .args(extra)
-            .env("SLUICE_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("SLUICE_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn,sluice::node=error".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
