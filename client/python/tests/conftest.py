@@ -21,10 +21,10 @@ def _binary(name: str) -> str:
 
 
 class Node:
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: pathlib.Path, insecure: bool = True):
         self.proc = subprocess.Popen(
             [_binary("sluiced"), "--data-dir", str(workdir / "node"), "--listen", "127.0.0.1:0",
-             "--control", "127.0.0.1:0", "--cores", "2", "--insecure"],
+             "--control", "127.0.0.1:0", "--cores", "2"] + (["--insecure"] if insecure else []),
             stdout=subprocess.PIPE, text=True, env={**os.environ, "SLUICE_LOG": "warn"},
         )
         self.endpoint = None

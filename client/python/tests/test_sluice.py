@@ -118,3 +118,27 @@ def test_torch_adapter(node):
     ds = WindowDataset(node.endpoint, "toks", window=32, batch_size=4, seed=1)
     batch = next(iter(ds))
     assert isinstance(batch, torch.Tensor) and tuple(batch.shape) == (4, 32)
+
+
+def test_reads_need_a_grant_on_a_secure_node(tmp_path, monkeypatch):
+    from conftest import Node
+
+    monkeypatch.delenv("SLUICE_TOKEN", raising=False)
+    node = Node(tmp_path, insecure=False)
+    try:
+        data = tmp_path / "data.bin"
+        data.write_bytes(bytes(range(256)) * 16)
+        node.ctl("dataset", "create", "secret", "--kind", "bytes")
+        node.ctl("dataset", "ingest", "secret", str(data))
+        node.ctl("dataset", "seal", "secret")
+        client = sluice.connect(node.endpoint)
+        with pytest.raises(OSError, match="needs a grant"):
+            client.open("secret")
+        grant = json.loads(node.ctl("--json", "grant", "create", "secret", "--client", "pytest"))
+        ds = client.open("secret", token=grant["token"])
+        assert ds.read_batch([(250, 10)]).tobytes() == bytes([250, 251, 252, 253, 254, 255, 0, 1, 2, 3])
+        # The environment variable works as well, for jobs that get it injected.
+        monkeypatch.setenv("SLUICE_TOKEN", grant["token"])
+        assert sluice.connect(node.endpoint).open("secret").length_bytes == 4096
+    finally:
+        node.stop()

@@ -61,8 +61,10 @@ class Client:
     def transport(self) -> str:
         return self._native.transport
 
-    def open(self, name: str, verify_chunks: bool = False) -> Dataset:
-        return Dataset(self._native.open(name, verify_chunks))
+    def open(self, name: str, verify_chunks: bool = False, token: "str | None" = None) -> Dataset:
+        """Opens a sealed dataset. ``token`` is the grant's token
+        (``sluicectl grant create``); without it, ``SLUICE_TOKEN`` if set."""
+        return Dataset(self._native.open(name, verify_chunks, token))
 
 
 def connect(endpoint: str) -> Client:
