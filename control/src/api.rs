@@ -23,6 +23,7 @@ pub fn router(control: Shared) -> Router {
     Router::new()
         .route("/v1/node", get(node))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .route("/v1/devices", get(devices))
         .route("/v1/trace", get(trace))
         .route("/v1/datasets", get(list).post(create))
@@ -40,12 +41,12 @@ pub fn router(control: Shared) -> Router {
         .with_state(control)
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiErrorBody {
     pub error: ApiErrorDetail,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiErrorDetail {
     pub code: String,
     pub message: String,
@@ -87,23 +88,61 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request".into(), message: message.into() }
 }
 
+/// The API's OpenAPI document, generated from the handlers below.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "sluice control API",
+        description = "Datasets, grants and operations of one sluice node. Errors are {\"error\": {\"code\", \"message\"}} with a stable code."
+    ),
+    paths(
+        node,
+        metrics,
+        devices,
+        trace,
+        list,
+        create,
+        stat,
+        remove,
+        ingest,
+        seal,
+        scrub,
+        chunks,
+        record_index,
+        stage_index,
+        list_grants,
+        create_grant,
+        revoke_grant
+    )
+)]
+pub struct ApiDoc;
+
+async fn openapi() -> impl IntoResponse {
+    use utoipa::OpenApi as _;
+    Json(ApiDoc::openapi())
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition (0.0.4)", content_type = "text/plain")))]
 async fn metrics(State(control): State<Shared>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], control.metrics_text())
 }
 
+#[utoipa::path(get, path = "/v1/devices", tag = "operations", responses((status = 200, body = Vec<crate::node::DeviceReport>)))]
 async fn devices(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.devices())
 }
 
+#[utoipa::path(get, path = "/v1/node", tag = "operations", responses((status = 200, description = "The node: name, version, data-plane address, driver, grants_required", body = Object)))]
 async fn node(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.info())
 }
 
+#[utoipa::path(get, path = "/v1/datasets", tag = "datasets", responses((status = 200, body = Vec<crate::catalog::DatasetRecord>)))]
 async fn list(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.list()?))
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreateRequest {
     pub name: String,
     pub kind: String,
@@ -112,6 +151,7 @@ pub struct CreateRequest {
     pub record_size: Option<u64>,
 }
 
+#[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = CreateRequest, responses((status = 201, body = crate::catalog::DatasetRecord), (status = 400, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
 async fn create(
     State(control): State<Shared>,
     Json(request): Json<CreateRequest>,
@@ -120,7 +160,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(control.create_with(&request.name, kind, request.record_size)?)))
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GrantRequest {
     pub dataset: String,
     /// Who the grant is for: a job, host or service identity.
@@ -128,6 +168,7 @@ pub struct GrantRequest {
 }
 
 /// Issues a grant; the response is the only place its token appears.
+#[utoipa::path(post, path = "/v1/grants", tag = "grants", request_body = GrantRequest, responses((status = 201, description = "The grant, with its token (shown only here)", body = crate::grants::GrantView), (status = 400, body = ApiErrorBody), (status = 404, body = ApiErrorBody)))]
 async fn create_grant(
     State(control): State<Shared>,
     Json(request): Json<GrantRequest>,
@@ -135,19 +176,23 @@ async fn create_grant(
     Ok((StatusCode::CREATED, Json(control.issue_grant(&request.dataset, &request.client)?)))
 }
 
+#[utoipa::path(get, path = "/v1/grants", tag = "grants", responses((status = 200, body = Vec<crate::grants::GrantView>)))]
 async fn list_grants(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.list_grants())
 }
 
+#[utoipa::path(delete, path = "/v1/grants/{id}", tag = "grants", params(("id" = u64, Path, description = "grant id")), responses((status = 204, description = "Revoked; sessions under it are closed"), (status = 404, body = ApiErrorBody)))]
 async fn revoke_grant(State(control): State<Shared>, Path(id): Path<u64>) -> Result<impl IntoResponse, ApiError> {
     control.revoke_grant(id)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(get, path = "/v1/datasets/{name}", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::catalog::DatasetRecord), (status = 404, body = ApiErrorBody)))]
 async fn stat(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.get(&name)?))
 }
 
+#[utoipa::path(delete, path = "/v1/datasets/{name}", tag = "datasets", params(("name" = String, Path)), responses((status = 204, description = "Deleted; its namespace released and its grants revoked"), (status = 404, body = ApiErrorBody)))]
 async fn remove(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     control.delete(&name).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -163,6 +208,7 @@ struct IngestQuery {
 
 /// Appends the request body (one file) to the dataset. Committed only when
 /// the whole body arrived and checked out; a cut-off upload changes nothing.
+#[utoipa::path(post, path = "/v1/datasets/{name}/ingest", tag = "datasets", params(("name" = String, Path), ("format" = Option<crate::ingest::IngestFormat>, Query)), request_body(content = Vec<u8>, description = "One file", content_type = "application/octet-stream"), responses((status = 200, body = crate::ingest::Appended), (status = 400, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
 async fn ingest(
     State(control): State<Shared>,
     Path(name): Path<String>,
@@ -193,6 +239,7 @@ async fn ingest(
     Ok(Json(session.finish()?))
 }
 
+#[utoipa::path(post, path = "/v1/datasets/{name}/seal", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::catalog::DatasetRecord), (status = 409, body = ApiErrorBody)))]
 async fn seal(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     let sealing = Arc::clone(&control);
     let record = tokio::task::spawn_blocking(move || sealing.seal(&name)).await.map_err(|e| ApiError {
@@ -204,6 +251,7 @@ async fn seal(State(control): State<Shared>, Path(name): Path<String>) -> Result
 }
 
 /// The manifest's chunk checksums as little-endian u32s.
+#[utoipa::path(get, path = "/v1/datasets/{name}/chunks", tag = "datasets", params(("name" = String, Path)), responses((status = 200, description = "CRC32C per 64 KiB chunk, little-endian u32", content_type = "application/octet-stream"), (status = 404, body = ApiErrorBody)))]
 async fn chunks(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     let crcs = control.chunk_crcs(&name)?;
     let bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
@@ -212,17 +260,19 @@ async fn chunks(State(control): State<Shared>, Path(name): Path<String>) -> Resu
 
 /// The sample index of a `records` or `wds` dataset: `(offset, len)` pairs
 /// of little-endian u64s.
+#[utoipa::path(get, path = "/v1/datasets/{name}/index", tag = "datasets", params(("name" = String, Path)), responses((status = 200, description = "(offset, len) little-endian u64 pairs per sample", content_type = "application/octet-stream"), (status = 400, body = ApiErrorBody)))]
 async fn record_index(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     let bytes = control.record_index_raw(&name)?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Staged {
     pub records: u64,
 }
 
 /// Holds the offsets of the next `records` file ingested into the dataset.
+#[utoipa::path(post, path = "/v1/datasets/{name}/index", tag = "datasets", params(("name" = String, Path), ("format" = Option<crate::ingest::IngestFormat>, Query)), request_body(content = Vec<u8>, description = "n + 1 little-endian u64 offsets of the next records file", content_type = "application/octet-stream"), responses((status = 200, body = Staged), (status = 400, body = ApiErrorBody)))]
 async fn stage_index(
     State(control): State<Shared>,
     Path(name): Path<String>,
@@ -234,11 +284,13 @@ async fn stage_index(
 }
 
 /// Verifies every chunk of a sealed dataset as read through the data plane.
+#[utoipa::path(post, path = "/v1/datasets/{name}/scrub", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::node::ScrubReport), (status = 409, body = ApiErrorBody)))]
 async fn scrub(State(control): State<Shared>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.scrub(&name).await?))
 }
 
 /// Live small-read traffic from the eBPF probes (`sluicectl top`).
+#[utoipa::path(get, path = "/v1/trace", tag = "operations", responses((status = 200, description = "eBPF trace snapshot, or why there is none", body = Object)))]
 async fn trace(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.trace_snapshot())
 }

@@ -26,7 +26,7 @@ pub const DATASETS_MAX: usize = 65_536;
 /// Longest dataset name.
 pub const NAME_BYTES_MAX: usize = 128;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetState {
     /// Made, nothing ingested yet.
@@ -51,7 +51,7 @@ impl std::fmt::Display for DatasetState {
 }
 
 /// Where a dataset's bytes live and why there.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NamespaceRecord {
     /// `file` (a file per dataset) or `mem`.
     pub kind: String,
@@ -61,7 +61,7 @@ pub struct NamespaceRecord {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DatasetRecord {
     pub id: u64,
     pub name: String,

@@ -30,7 +30,7 @@ pub struct GrantRecord {
 }
 
 /// What the API shows of a grant (never the token's hash).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GrantView {
     pub id: u64,
     pub client: String,

@@ -12,7 +12,7 @@ use crate::npy::{self, NpyError};
 use crate::tar::{TarError, TarIndexer};
 
 /// How a file's bytes are to be read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum IngestFormat {
     Raw,
@@ -57,7 +57,7 @@ pub enum RecordRule {
 }
 
 /// What one file added.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Appended {
     /// Data bytes of the file (the array data of a `.npy`).
     pub data_bytes: u64,

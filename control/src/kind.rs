@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a dataset holds. Tokens are little-endian, concatenated into one
 /// stream, as Megatron's `.bin` files and 1-D `.npy` arrays are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum DatasetKind {
     #[serde(rename = "bytes")]
     Bytes,

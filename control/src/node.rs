@@ -107,7 +107,7 @@ pub struct ControlPlane {
 }
 
 /// One place datasets live, for `GET /v1/devices`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceReport {
     /// `nvme_namespace` (a whole namespace per dataset) or `data_dir` (the
     /// filesystem holding file namespaces).
@@ -823,7 +823,7 @@ impl ControlPlane {
 }
 
 /// What a scrub found.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ScrubReport {
     pub name: String,
     pub chunks: u64,
