@@ -106,6 +106,11 @@ pub struct ControlPlane {
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
 
+/// A block device's size: where a seek to its end lands (0 if unreadable).
+fn block_device_bytes(path: &Path) -> u64 {
+    std::fs::File::open(path).and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))).unwrap_or(0)
+}
+
 /// One place datasets live, for `GET /v1/devices`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceReport {
@@ -599,9 +604,7 @@ impl ControlPlane {
         let mut out = Vec::new();
         for device in &self.namespace_devices {
             let path = device.display().to_string();
-            let capacity_bytes = std::fs::File::open(device)
-                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
-                .unwrap_or(0);
+            let capacity_bytes = block_device_bytes(device);
             let datasets: Vec<String> =
                 records.iter().filter(|r| r.namespace.path == path).map(|r| r.name.clone()).collect();
             let used_bytes = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
@@ -652,9 +655,7 @@ impl ControlPlane {
         let mut used = Vec::new();
         for device in &self.namespace_devices {
             let path = device.display().to_string();
-            let bytes = std::fs::File::open(device)
-                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
-                .unwrap_or(0);
+            let bytes = block_device_bytes(device);
             capacity.push((vec![("device", path.clone())], bytes as f64));
             let held: u64 = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
             used.push((vec![("device", path)], held as f64));
