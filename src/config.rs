@@ -42,6 +42,10 @@ pub struct NodeConfig {
     /// each new dataset gets a whole one while one is free, then a file
     /// under `data_dir`. Their contents are the node's to overwrite.
     pub namespace_devices: Vec<PathBuf>,
+    /// NVMe controllers (`/dev/nvme0`) whose detached namespaces the node
+    /// attaches, one per dataset, once no namespace device is free; delete
+    /// detaches them again.
+    pub nvme_controllers: Vec<PathBuf>,
     /// Data-plane cores; each owns a queue pair and a DMA arena.
     pub cores: usize,
     /// DMA slots (128 KiB each) per core.
@@ -91,6 +95,7 @@ impl Default for NodeConfig {
             driver: DriverChoice::Uring,
             io_mode: IoModeChoice::Direct,
             namespace_devices: Vec::new(),
+            nvme_controllers: Vec::new(),
             cores,
             slots_per_core: 512,
             queue_depth: 256,

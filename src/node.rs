@@ -85,7 +85,10 @@ impl Node {
             &config.data_dir,
             driver,
             Arc::clone(&plane),
-            config.namespace_devices.clone(),
+            sluice_control::NamespacePool {
+                devices: config.namespace_devices.clone(),
+                controllers: config.nvme_controllers.clone(),
+            },
         )?);
         control.set_insecure(config.insecure);
         if config.insecure {

@@ -59,6 +59,10 @@ pub struct NamespaceRecord {
     pub base_offset_bytes: u64,
     /// Why the allocator chose this namespace.
     pub reason: String,
+    /// `CONTROLLER:NSID` when the allocator attached this namespace from the
+    /// controller's detached pool; delete detaches it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -301,7 +305,13 @@ mod tests {
     use super::*;
 
     fn file_ns(id: u64) -> NamespaceRecord {
-        NamespaceRecord { kind: "file".into(), path: format!("ns/{id}"), base_offset_bytes: 0, reason: "test".into() }
+        NamespaceRecord {
+            kind: "file".into(),
+            path: format!("ns/{id}"),
+            base_offset_bytes: 0,
+            reason: "test".into(),
+            attached: None,
+        }
     }
 
     /// Records and checksums persist across reopening the store.

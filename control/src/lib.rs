@@ -11,9 +11,10 @@ pub mod kind;
 pub mod metrics;
 mod node;
 pub mod npy;
+pub mod nvme;
 pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
-pub use node::{ControlError, ControlPlane, DeviceReport, IngestSession, Resolver, ScrubReport};
+pub use node::{ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool, Resolver, ScrubReport};
 pub use sluice_rdma::NodeInfo;

@@ -87,6 +87,9 @@ pub struct ControlPlane {
     /// Whole block devices (NVMe namespaces) given to this node, one per
     /// dataset; datasets beyond them get files under `namespace_dir`.
     namespace_devices: Vec<PathBuf>,
+    /// NVMe controllers (`/dev/nvmeX`) whose detached namespaces the node
+    /// may attach, one per dataset, when no namespace device is free.
+    nvme_controllers: Vec<PathBuf>,
     index_dir: PathBuf,
     staged_offsets: Mutex<HashMap<String, Vec<u64>>>,
     driver: Arc<dyn BlockDriver>,
@@ -124,6 +127,15 @@ pub struct DeviceReport {
     pub datasets: Vec<String>,
 }
 
+/// Where a node may put datasets besides files in its data directory.
+#[derive(Clone, Debug, Default)]
+pub struct NamespacePool {
+    /// Block devices (NVMe namespaces) to give whole to datasets.
+    pub devices: Vec<PathBuf>,
+    /// Controllers whose detached namespaces may be attached for datasets.
+    pub controllers: Vec<PathBuf>,
+}
+
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
 pub type TraceSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
@@ -154,8 +166,9 @@ impl ControlPlane {
         data_dir: &Path,
         driver: Arc<dyn BlockDriver>,
         plane: Arc<DataPlane>,
-        namespace_devices: Vec<PathBuf>,
+        pool: NamespacePool,
     ) -> Result<Self, ControlError> {
+        let NamespacePool { devices: namespace_devices, controllers: nvme_controllers } = pool;
         for device in &namespace_devices {
             use std::os::unix::fs::FileTypeExt;
             let is_block = std::fs::metadata(device).map(|m| m.file_type().is_block_device());
@@ -179,6 +192,7 @@ impl ControlPlane {
             catalog,
             namespace_dir,
             namespace_devices,
+            nvme_controllers,
             index_dir,
             staged_offsets: Mutex::new(HashMap::new()),
             driver,
@@ -286,57 +300,89 @@ impl ControlPlane {
     }
 
     /// Chooses where a new dataset lives. With the uring driver: a whole
-    /// namespace device while one is free, else a file per dataset in the
+    /// namespace device while one is free; else a namespace attached from a
+    /// configured controller's detached pool; else a file per dataset in the
     /// node's namespace directory. Runs inside the catalog's write
-    /// transaction, so two creates never pick the same device.
+    /// transaction, so two creates never pick the same namespace.
     fn allocate_namespace(&self, id: u64) -> NamespaceRecord {
-        if self.driver.kind() == DriverKind::Uring && !self.namespace_devices.is_empty() {
-            let used: HashSet<String> = match self.catalog.list() {
-                Ok(records) => {
-                    records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect()
-                }
-                // Unknown use: claim no device rather than risk sharing one.
-                Err(_) => self.namespace_devices.iter().map(|d| d.display().to_string()).collect(),
-            };
-            let free: Vec<&PathBuf> =
-                self.namespace_devices.iter().filter(|d| !used.contains(&d.display().to_string())).collect();
-            if let Some(device) = free.first() {
+        let file = |reason: String| NamespaceRecord {
+            kind: "file".into(),
+            path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
+            base_offset_bytes: 0,
+            reason,
+            attached: None,
+        };
+        match self.driver.kind() {
+            DriverKind::Mem => {
                 return NamespaceRecord {
-                    kind: "device".into(),
-                    path: device.display().to_string(),
+                    kind: "mem".into(),
+                    path: format!("mem:{id}"),
                     base_offset_bytes: 0,
-                    reason: format!(
-                        "a whole NVMe namespace: {} ({} of {} namespace devices were free)",
-                        device.display(),
-                        free.len(),
-                        self.namespace_devices.len()
-                    ),
-                };
+                    reason: "memory driver: a namespace in RAM, gone at restart".into(),
+                    attached: None,
+                }
             }
+            DriverKind::Uring if self.namespace_devices.is_empty() && self.nvme_controllers.is_empty() => {
+                return file("no NVMe namespace configured: a file per dataset under the data directory".into())
+            }
+            DriverKind::Uring => {}
+        }
+        let used: HashSet<String> = match self.catalog.list() {
+            Ok(records) => {
+                records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect()
+            }
+            // Unknown use: claim no device rather than risk sharing one.
+            Err(_) => return file("the catalog could not say which namespaces are in use: a file".into()),
+        };
+        let free: Vec<&PathBuf> =
+            self.namespace_devices.iter().filter(|d| !used.contains(&d.display().to_string())).collect();
+        if let Some(device) = free.first() {
             return NamespaceRecord {
-                kind: "file".into(),
-                path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
+                kind: "device".into(),
+                path: device.display().to_string(),
                 base_offset_bytes: 0,
                 reason: format!(
-                    "all {} namespace devices hold datasets: a file under the data directory",
+                    "a whole NVMe namespace: {} ({} of {} namespace devices were free)",
+                    device.display(),
+                    free.len(),
                     self.namespace_devices.len()
                 ),
+                attached: None,
             };
         }
-        match self.driver.kind() {
-            DriverKind::Mem => NamespaceRecord {
-                kind: "mem".into(),
-                path: format!("mem:{id}"),
-                base_offset_bytes: 0,
-                reason: "memory driver: a namespace in RAM, gone at restart".into(),
-            },
-            DriverKind::Uring => NamespaceRecord {
-                kind: "file".into(),
-                path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
-                base_offset_bytes: 0,
-                reason: "no NVMe controller configured: a file per dataset under the data directory".into(),
-            },
+        let mut why_not = Vec::new();
+        for path in &self.nvme_controllers {
+            match self.attach_from(path) {
+                Ok(record) => return record,
+                Err(err) => why_not.push(err),
+            }
         }
+        file(format!(
+            "no free NVMe namespace ({} namespace devices in use{}{}): a file under the data directory",
+            self.namespace_devices.len(),
+            if why_not.is_empty() { "" } else { "; " },
+            why_not.join("; ")
+        ))
+    }
+
+    /// Attaches the first detached namespace of the controller at `path`.
+    fn attach_from(&self, path: &Path) -> Result<NamespaceRecord, String> {
+        let controller = crate::nvme::Controller::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let detached = controller.detached_namespaces().map_err(|e| e.to_string())?;
+        let nsid = *detached.first().ok_or_else(|| format!("{} has no detached namespace", path.display()))?;
+        let device = controller.attach(nsid).map_err(|e| e.to_string())?;
+        tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
+        Ok(NamespaceRecord {
+            kind: "device".into(),
+            path: device.display().to_string(),
+            base_offset_bytes: 0,
+            reason: format!(
+                "a whole NVMe namespace attached for it: namespace {nsid} of {} ({} were detached)",
+                path.display(),
+                detached.len()
+            ),
+            attached: Some(crate::nvme::attachment_label(path, nsid)),
+        })
     }
 
     fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
@@ -448,6 +494,15 @@ impl ControlPlane {
                     }
                 }
                 Err(err) => tracing::warn!("releasing {}: {err}", record.namespace.path),
+            }
+        }
+        if let Some((controller, nsid)) =
+            record.namespace.attached.as_deref().and_then(crate::nvme::parse_attachment_label)
+        {
+            // Back to the controller's detached pool.
+            match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid)) {
+                Ok(()) => tracing::info!("detached namespace {nsid} of {}", controller.display()),
+                Err(err) => tracing::warn!("detaching namespace {nsid} of {}: {err}", controller.display()),
             }
         }
         if record.namespace.kind == "file" {

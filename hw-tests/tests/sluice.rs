@@ -130,3 +130,89 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     assert_eq!(stat["namespace"]["path"], dev1.as_str(), "the released namespace is reused: {stat}");
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }
+
+/// With `--nvme-controller`, each new dataset gets a namespace attached
+/// from the controller's detached pool through NVMe admin commands; delete
+/// detaches it again; when the pool is empty a dataset gets a file.
+#[test]
+fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
+    let Some(rig) =
+        require(Rig::builder("sluice-attach").nvme(1, 3).detached(2).namespace_mib(64).memory_mib(1536).boot())
+    else {
+        return;
+    };
+    if !rig.is_emulated() {
+        eprintln!("SKIPPED: attaching and detaching changes a real controller's namespaces; run it in the rig only");
+        return;
+    }
+    let sluiced = rig.sluice_binary("sluiced").expect("sluiced");
+    let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
+    let controller = rig.nvme_controllers()[0].clone();
+    let attached = |rig: &Rig| -> Vec<u32> {
+        rig.namespace_devices(&controller).expect("namespaces").into_iter().map(|(nsid, _)| nsid).collect()
+    };
+    assert_eq!(attached(&rig), [1], "namespaces 2 and 3 start detached");
+    let (_, shared) = rig.shared_dir();
+    let scratch = rig.scratch_dir(Host::Storage);
+    let endpoint = format!("http://127.0.0.1:{CONTROL_PORT}");
+    rig.sh(
+        Host::Storage,
+        &format!(
+            "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 --insecure \
+             --listen 127.0.0.1:{DATA_PORT} --control 127.0.0.1:{CONTROL_PORT} \
+             --nvme-controller /dev/{} > {shared}/sluiced-attach.log 2>&1 & echo $! > {scratch}/sluiced.pid",
+            controller.name
+        ),
+    )
+    .expect("start sluiced");
+    let ready = rig
+        .exec_with(
+            Host::Storage,
+            &format!(
+                "while kill -0 $(cat {scratch}/sluiced.pid) 2>/dev/null; do \
+                   grep -q 'control API on' {shared}/sluiced-attach.log && exit 0; sleep 0.2; done; \
+                 cat {shared}/sluiced-attach.log; exit 1"
+            ),
+            Duration::from_secs(120),
+        )
+        .expect("wait for sluiced");
+    assert!(ready.success(), "sluiced did not start: {}", ready.stdout);
+    let ctl = |args: &str| rig.sh(Host::Storage, &format!("{sluicectl} --endpoint {endpoint} {args}"));
+    let stat = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&ctl(&format!("--json dataset stat {name}")).expect("stat")).expect("stat json")
+    };
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut data = vec![0u8; 3 << 20];
+    rng.fill(&mut data[..]);
+    let file = rig.share_file("attach.bin", &data).expect("share");
+    ctl("dataset create first --kind bytes").expect("create first");
+    let first = stat("first");
+    assert_eq!(first["namespace"]["kind"], "device", "{first}");
+    assert_eq!(first["namespace"]["attached"], format!("/dev/{}:2", controller.name), "{first}");
+    assert_eq!(attached(&rig), [1, 2], "namespace 2 attached for the dataset");
+    ctl(&format!("dataset ingest first {file}")).expect("ingest");
+    ctl("dataset seal first").expect("seal");
+    let offset = 1_234_567usize;
+    let got = rig
+        .sh(
+            Host::Storage,
+            &format!("{sluicectl} --endpoint {endpoint} read first --offset {offset} --len 4000 | od -An -tx1 -v"),
+        )
+        .expect("read");
+    let expected: String = data[offset..offset + 4000].iter().map(|b| format!(" {b:02x}")).collect();
+    assert_eq!(got.split_whitespace().collect::<Vec<_>>(), expected.split_whitespace().collect::<Vec<_>>());
+
+    ctl("dataset create second --kind bytes").expect("create second");
+    assert_eq!(stat("second")["namespace"]["attached"], format!("/dev/{}:3", controller.name));
+    ctl("dataset create third --kind bytes").expect("create third");
+    let third = stat("third");
+    assert_eq!(third["namespace"]["kind"], "file", "the pool is empty: {third}");
+    assert!(third["namespace"]["reason"].as_str().unwrap_or("").contains("no detached namespace"), "{third}");
+
+    ctl("dataset rm first").expect("rm first");
+    assert_eq!(attached(&rig), [1, 3], "namespace 2 detached again");
+    ctl("dataset create fourth --kind bytes").expect("create fourth");
+    assert_eq!(stat("fourth")["namespace"]["attached"], format!("/dev/{}:2", controller.name), "reused");
+    rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
+}

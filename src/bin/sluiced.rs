@@ -37,6 +37,10 @@ struct Args {
     /// repeat for several. Its contents will be overwritten.
     #[arg(long = "namespace-device", value_name = "DEVICE")]
     namespace_devices: Vec<PathBuf>,
+    /// An NVMe controller (`/dev/nvmeX`) whose detached namespaces new
+    /// datasets may take (attached through admin commands); repeatable.
+    #[arg(long = "nvme-controller", value_name = "CONTROLLER")]
+    nvme_controllers: Vec<PathBuf>,
     /// Run as this user once devices, memory and ports are set up (root).
     #[arg(long)]
     user: Option<String>,
@@ -81,6 +85,9 @@ fn main() -> ExitCode {
     config.insecure |= args.insecure;
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;
+    }
+    if !args.nvme_controllers.is_empty() {
+        config.nvme_controllers = args.nvme_controllers;
     }
     if args.user.is_some() {
         config.user = args.user;

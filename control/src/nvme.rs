@@ -1,0 +1,200 @@
+//! NVMe admin commands through the kernel driver (`/dev/nvmeX` passthrough
+//! ioctls): what the namespace allocator needs to take a namespace from a
+//! controller's pool of detached ones and give it back. SPDK-owned
+//! controllers get the same calls through SPDK (not built yet).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// `struct nvme_passthru_cmd` from `<linux/nvme_ioctl.h>` (72 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct PassthruCmd {
+    opcode: u8,
+    flags: u8,
+    rsvd1: u16,
+    nsid: u32,
+    cdw2: u32,
+    cdw3: u32,
+    metadata: u64,
+    addr: u64,
+    metadata_len: u32,
+    data_len: u32,
+    cdw10: u32,
+    cdw11: u32,
+    cdw12: u32,
+    cdw13: u32,
+    cdw14: u32,
+    cdw15: u32,
+    timeout_ms: u32,
+    result: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<PassthruCmd>() == 72);
+
+nix::ioctl_readwrite!(nvme_admin_cmd, b'N', 0x41, PassthruCmd);
+nix::ioctl_none!(nvme_rescan, b'N', 0x46);
+
+const OPCODE_IDENTIFY: u8 = 0x06;
+const OPCODE_NS_ATTACHMENT: u8 = 0x15;
+const CNS_CONTROLLER: u32 = 0x01;
+const CNS_ACTIVE_NSIDS: u32 = 0x02;
+const CNS_ALLOCATED_NSIDS: u32 = 0x10;
+const PAGE_BYTES: usize = 4096;
+
+/// A controller's admin queue, through its character device.
+pub struct Controller {
+    path: PathBuf,
+    file: File,
+}
+
+impl Controller {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Self { path: path.to_path_buf(), file })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn admin(&self, cmd: &mut PassthruCmd, page: &mut [u8; PAGE_BYTES]) -> io::Result<()> {
+        cmd.addr = page.as_mut_ptr() as u64;
+        cmd.data_len = PAGE_BYTES as u32;
+        // SAFETY: `cmd` is a valid nvme_passthru_cmd whose data buffer
+        // (`page`, PAGE_BYTES long) outlives the call; the descriptor is an
+        // open NVMe controller character device.
+        let status = unsafe { nvme_admin_cmd(self.file.as_raw_fd(), cmd) }.map_err(io::Error::from)?;
+        if status != 0 {
+            return Err(io::Error::other(format!(
+                "{}: admin opcode {:#04x} failed with NVMe status {status:#06x}",
+                self.path.display(),
+                cmd.opcode
+            )));
+        }
+        Ok(())
+    }
+
+    fn identify(&self, cns: u32, nsid: u32) -> io::Result<Box<[u8; PAGE_BYTES]>> {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        let mut cmd = PassthruCmd { opcode: OPCODE_IDENTIFY, nsid, cdw10: cns, ..PassthruCmd::default() };
+        self.admin(&mut cmd, &mut page)?;
+        Ok(page)
+    }
+
+    /// This controller's id (CNTLID), which attachment names.
+    pub fn controller_id(&self) -> io::Result<u16> {
+        let page = self.identify(CNS_CONTROLLER, 0)?;
+        Ok(u16::from_le_bytes([page[78], page[79]]))
+    }
+
+    fn nsid_list(&self, cns: u32) -> io::Result<Vec<u32>> {
+        let page = self.identify(cns, 0)?;
+        Ok(page
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .take_while(|nsid| *nsid != 0)
+            .collect())
+    }
+
+    /// Namespaces that exist in the subsystem but are attached to no
+    /// controller here: the pool a dataset can take one from.
+    pub fn detached_namespaces(&self) -> io::Result<Vec<u32>> {
+        let active = self.nsid_list(CNS_ACTIVE_NSIDS)?;
+        Ok(self.nsid_list(CNS_ALLOCATED_NSIDS)?.into_iter().filter(|n| !active.contains(n)).collect())
+    }
+
+    fn attachment(&self, nsid: u32, detach: bool) -> io::Result<()> {
+        let cntlid = self.controller_id()?;
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        // Controller list: count, then ids.
+        page[0..2].copy_from_slice(&1u16.to_le_bytes());
+        page[2..4].copy_from_slice(&cntlid.to_le_bytes());
+        let mut cmd =
+            PassthruCmd { opcode: OPCODE_NS_ATTACHMENT, nsid, cdw10: u32::from(detach), ..PassthruCmd::default() };
+        self.admin(&mut cmd, &mut page)?;
+        // SAFETY: NVME_IOCTL_RESCAN takes no argument; the descriptor is an
+        // open NVMe controller character device.
+        unsafe { nvme_rescan(self.file.as_raw_fd()) }.map_err(io::Error::from)?;
+        Ok(())
+    }
+
+    /// Attaches `nsid` to this controller and waits for its block device.
+    pub fn attach(&self, nsid: u32) -> io::Result<PathBuf> {
+        self.attachment(nsid, false)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(device) = self.block_device(nsid) {
+                return Ok(device);
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "{}: namespace {nsid} attached but no block device appeared",
+                    self.path.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Detaches `nsid` from this controller; it returns to the pool.
+    pub fn detach(&self, nsid: u32) -> io::Result<()> {
+        self.attachment(nsid, true)
+    }
+
+    /// The block device (`/dev/nvmeXnY`) of namespace `nsid` of this
+    /// controller, once the kernel made it. With native multipath the disk
+    /// hangs off the subsystem, so match by the controller's name below it.
+    pub fn block_device(&self, nsid: u32) -> Option<PathBuf> {
+        let name = self.path.file_name()?.to_str()?.to_string();
+        for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+            let disk = entry.file_name().to_str()?.to_string();
+            // Skip per-path devices (nvmeXcYnZ).
+            if !disk.starts_with("nvme") || disk.trim_start_matches("nvme").contains('c') {
+                continue;
+            }
+            let sys = entry.path();
+            let id: Option<u32> = std::fs::read_to_string(sys.join("nsid")).ok().and_then(|s| s.trim().parse().ok());
+            let parent = std::fs::canonicalize(sys.join("device")).ok()?;
+            let ours =
+                parent.join(&name).exists() || parent.file_name().and_then(|n| n.to_str()) == Some(name.as_str());
+            if ours && id == Some(nsid) {
+                return Some(PathBuf::from("/dev").join(disk));
+            }
+        }
+        None
+    }
+}
+
+/// `CONTROLLER:NSID`, how a dataset's record remembers a namespace the
+/// allocator attached (so delete detaches it again).
+pub fn attachment_label(controller: &Path, nsid: u32) -> String {
+    format!("{}:{nsid}", controller.display())
+}
+
+pub fn parse_attachment_label(label: &str) -> Option<(PathBuf, u32)> {
+    let (path, nsid) = label.rsplit_once(':')?;
+    Some((PathBuf::from(path), nsid.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attachment_labels_round_trip() {
+        let label = attachment_label(Path::new("/dev/nvme0"), 7);
+        assert_eq!(label, "/dev/nvme0:7");
+        assert_eq!(parse_attachment_label(&label), Some((PathBuf::from("/dev/nvme0"), 7)));
+        assert_eq!(parse_attachment_label("/dev/nvme0"), None);
+        assert_eq!(parse_attachment_label("/dev/nvme0:x"), None);
+    }
+
+    #[test]
+    fn a_missing_controller_is_an_error_not_a_panic() {
+        assert!(Controller::open(Path::new("/dev/sluice-no-such-nvme")).is_err());
+    }
+}
