@@ -12,32 +12,19 @@ const DATASET_BYTES: usize = 24 << 20;
 const CONTROL_PORT: u16 = 7070;
 const DATA_PORT: u16 = 7071;
 
-#[test]
-fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
-    let Some(rig) = require(Rig::builder("sluice-nvme").hosts(2).nvme(1, 2).namespace_mib(128).memory_mib(1536).boot())
-    else {
-        return;
-    };
+/// Starts `sluiced` on the storage host (one core, data under its scratch
+/// directory, log in the shared directory) serving on `addr`, and waits
+/// until its control API is up.
+fn start_sluiced(rig: &Rig, addr: &str, args: &str) {
     let sluiced = rig.sluice_binary("sluiced").expect("sluiced");
-    let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
-    let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
-    let [(1, dev1), (2, dev2)] = &devices[..] else { panic!("expected namespaces 1 and 2, found {devices:?}") };
-    let storage = rig.addr(Host::Storage);
-    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
-
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x51u64);
-    let mut data = vec![0u8; DATASET_BYTES];
-    rng.fill(&mut data[..]);
-    let data_file = rig.share_file("data.bin", &data).expect("share the dataset");
-    let (shared_here, shared) = rig.shared_dir();
+    let (_, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
-
     rig.sh(
         Host::Storage,
         &format!(
             "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 \
-             --listen {storage}:{DATA_PORT} --control {storage}:{CONTROL_PORT} \
-             --namespace-device {dev1} --namespace-device {dev2} > {shared}/sluiced.log 2>&1 & echo $! > {scratch}/sluiced.pid"
+             --listen {addr}:{DATA_PORT} --control {addr}:{CONTROL_PORT} {args} \
+             > {shared}/sluiced.log 2>&1 & echo $! > {scratch}/sluiced.pid"
         ),
     )
     .expect("start sluiced");
@@ -53,6 +40,28 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
         )
         .expect("wait for sluiced");
     assert!(ready.success(), "sluiced did not start: {}", ready.stdout);
+}
+
+#[test]
+fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
+    let Some(rig) = require(Rig::builder("sluice-nvme").hosts(2).nvme(1, 2).namespace_mib(128).memory_mib(1536).boot())
+    else {
+        return;
+    };
+    let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
+    let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
+    let [(1, dev1), (2, dev2)] = &devices[..] else { panic!("expected namespaces 1 and 2, found {devices:?}") };
+    let storage = rig.addr(Host::Storage);
+    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x51u64);
+    let mut data = vec![0u8; DATASET_BYTES];
+    rng.fill(&mut data[..]);
+    let data_file = rig.share_file("data.bin", &data).expect("share the dataset");
+    let (shared_here, shared) = rig.shared_dir();
+    let scratch = rig.scratch_dir(Host::Storage);
+
+    start_sluiced(&rig, &storage, &format!("--namespace-device {dev1} --namespace-device {dev2}"));
 
     // The operator's side, on the storage host.
     let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
@@ -145,38 +154,15 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
         eprintln!("SKIPPED: attaching and detaching changes a real controller's namespaces; run it in the rig only");
         return;
     }
-    let sluiced = rig.sluice_binary("sluiced").expect("sluiced");
     let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
     let controller = rig.nvme_controllers()[0].clone();
     let attached = |rig: &Rig| -> Vec<u32> {
         rig.namespace_devices(&controller).expect("namespaces").into_iter().map(|(nsid, _)| nsid).collect()
     };
     assert_eq!(attached(&rig), [1], "namespaces 2 and 3 start detached");
-    let (_, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
     let endpoint = format!("http://127.0.0.1:{CONTROL_PORT}");
-    rig.sh(
-        Host::Storage,
-        &format!(
-            "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 --insecure \
-             --listen 127.0.0.1:{DATA_PORT} --control 127.0.0.1:{CONTROL_PORT} \
-             --nvme-controller /dev/{} > {shared}/sluiced-attach.log 2>&1 & echo $! > {scratch}/sluiced.pid",
-            controller.name
-        ),
-    )
-    .expect("start sluiced");
-    let ready = rig
-        .exec_with(
-            Host::Storage,
-            &format!(
-                "while kill -0 $(cat {scratch}/sluiced.pid) 2>/dev/null; do \
-                   grep -q 'control API on' {shared}/sluiced-attach.log && exit 0; sleep 0.2; done; \
-                 cat {shared}/sluiced-attach.log; exit 1"
-            ),
-            Duration::from_secs(120),
-        )
-        .expect("wait for sluiced");
-    assert!(ready.success(), "sluiced did not start: {}", ready.stdout);
+    start_sluiced(&rig, "127.0.0.1", &format!("--insecure --nvme-controller /dev/{}", controller.name));
     let ctl = |args: &str| rig.sh(Host::Storage, &format!("{sluicectl} --endpoint {endpoint} {args}"));
     let stat = |name: &str| -> serde_json::Value {
         serde_json::from_str(&ctl(&format!("--json dataset stat {name}")).expect("stat")).expect("stat json")
