@@ -58,7 +58,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Live small-read traffic from the node's eBPF probes.
+    /// Live small-read traffic from the node's eBPF probes (a terminal UI on
+    /// a terminal; text when piped or with --once).
     Top {
         /// Print one snapshot and exit.
         #[arg(long)]
@@ -707,6 +708,11 @@ fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
 }
 
 fn top(api: &Api, once: bool, interval: f64, json: bool) -> Result<()> {
+    use std::io::IsTerminal;
+    if !once && !json && std::io::stdout().is_terminal() {
+        // Live terminal UI; plain text when piped.
+        return sluice::top::run(|| api.get_json("/v1/trace"), Duration::from_secs_f64(interval.max(0.1)));
+    }
     let mut previous: std::collections::HashMap<(u64, String), u64> = std::collections::HashMap::new();
     loop {
         let snapshot: Value = api.get_json("/v1/trace")?;
