@@ -160,6 +160,8 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
         report.gb_per_s * 1e3
     );
     print!("{}", report.render());
+    // The demo's grant ends with the demo, so reruns do not pile them up.
+    node.control.revoke_grant(grant.id).map_err(|e| e.to_string())?;
     Ok(())
 }
 
