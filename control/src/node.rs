@@ -706,36 +706,32 @@ impl ControlPlane {
                 samples: vec![(vec![], self.grants.read().map(|g| g.len()).unwrap_or(0) as f64)],
             },
         ];
-        let mut capacity = Vec::new();
-        let mut used = Vec::new();
-        for device in &self.namespace_devices {
-            let path = device.display().to_string();
-            let bytes = block_device_bytes(device);
-            capacity.push((vec![("device", path.clone())], bytes as f64));
-            let held: u64 = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
-            used.push((vec![("device", path)], held as f64));
-        }
+        // Capacity comes from the same report `GET /v1/devices` serves.
+        let (data_dirs, namespaces): (Vec<DeviceReport>, Vec<DeviceReport>) =
+            self.devices().into_iter().partition(|d| d.kind == "data_dir");
+        let per_device = |value: fn(&DeviceReport) -> u64| -> Vec<(Vec<(&'static str, String)>, f64)> {
+            namespaces.iter().map(|d| (vec![("device", d.path.clone())], value(d) as f64)).collect()
+        };
         gauges.push(Gauge {
             name: "sluice_namespace_device_capacity_bytes",
             help: "Capacity of each namespace device given to the node.",
-            samples: capacity,
+            samples: per_device(|d| d.capacity_bytes),
         });
         gauges.push(Gauge {
             name: "sluice_namespace_device_used_bytes",
             help: "Bytes of datasets on each namespace device.",
-            samples: used,
+            samples: per_device(|d| d.used_bytes),
         });
-        if let Ok(stat) = nix::sys::statvfs::statvfs(&self.namespace_dir) {
-            let block = stat.fragment_size() as f64;
+        for dir in data_dirs.iter().filter(|d| d.capacity_bytes > 0) {
             gauges.push(Gauge {
                 name: "sluice_data_dir_capacity_bytes",
                 help: "Size of the filesystem holding file namespaces.",
-                samples: vec![(vec![], stat.blocks() as f64 * block)],
+                samples: vec![(vec![], dir.capacity_bytes as f64)],
             });
             gauges.push(Gauge {
                 name: "sluice_data_dir_available_bytes",
                 help: "Free space for file namespaces.",
-                samples: vec![(vec![], stat.blocks_available() as f64 * block)],
+                samples: vec![(vec![], (dir.capacity_bytes - dir.used_bytes) as f64)],
             });
         }
         render(&samples, &gauges)
