@@ -132,12 +132,11 @@ impl BatchResult {
             .sum()
     }
 
-    /// The bytes of range `index` (empty unless its status is `Ok`).
-    pub fn range_slices(&self, index: usize) -> Vec<&[u8]> {
-        if self.plan.statuses[index] != RangeStatus::Ok {
-            return Vec::new();
-        }
-        self.plan.pieces_of(index).iter().map(|piece| self.piece_bytes(piece)).collect()
+    /// The pieces of range `index`'s bytes in order, each contiguous in a
+    /// DMA region (none unless its status is `Ok`); RDMA writes from them.
+    pub fn range_pieces(&self, index: usize) -> impl Iterator<Item = &[u8]> {
+        let pieces = if self.plan.statuses[index] == RangeStatus::Ok { self.plan.pieces_of(index) } else { &[] };
+        pieces.iter().map(|piece| self.piece_bytes(piece))
     }
 
     /// The bytes of every `Ok` range in order, for one vectored send.
@@ -184,6 +183,15 @@ pub struct DataPlane {
     slots_in_use: Mutex<Vec<bool>>,
     config: DataPlaneConfig,
     driver_description: String,
+    regions: Vec<DmaRegion>,
+}
+
+/// One core's DMA arena as an address range, for a transport to register
+/// with its NIC once at start-up (RDMA sends straight from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaRegion {
+    pub base: usize,
+    pub len_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,6 +222,7 @@ impl DataPlane {
         let mut cores = Vec::with_capacity(config.cores);
         let mut senders = Vec::with_capacity(config.cores);
         let mut description = String::new();
+        let mut regions = Vec::with_capacity(config.cores);
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
             let parked = Arc::new(AtomicBool::new(false));
@@ -250,9 +259,10 @@ impl DataPlane {
                                 arena.len_bytes() >> 20,
                                 if arena.is_hugepage_backed() { ", hugepages" } else { "" }
                             );
+                            let region = DmaRegion { base: arena.base_ptr() as usize, len_bytes: arena.len_bytes() };
                             let pool = SlotPool::new(Arc::new(arena), wake);
                             let engine = CoreEngine::new(core, queue, pool, rx, parked, &core_config);
-                            let _ = ready_tx.send(Ok(line));
+                            let _ = ready_tx.send(Ok((line, region)));
                             engine.run();
                         }
                         Err(err) => {
@@ -264,7 +274,10 @@ impl DataPlane {
             let line =
                 ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
             let line = match line {
-                Ok(line) => line,
+                Ok((line, region)) => {
+                    regions.push(region);
+                    line
+                }
                 Err(err) => {
                     let _ = thread.join();
                     for started in &cores {
@@ -288,11 +301,18 @@ impl DataPlane {
             slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
             config,
             driver_description: description,
+            regions,
         })
     }
 
     pub fn config(&self) -> &DataPlaneConfig {
         &self.config
+    }
+
+    /// Every core's arena. They live as long as the data plane; every
+    /// [`BatchResult`]'s bytes lie inside one of them.
+    pub fn dma_regions(&self) -> &[DmaRegion] {
+        &self.regions
     }
 
     /// One line on the driver, cores and buffers, for start-up logs.
@@ -886,7 +906,7 @@ mod tests {
     fn assert_batch_exact(data: &[u8], ranges: &[ByteRange], result: &BatchResult) {
         for (index, range) in ranges.iter().enumerate() {
             assert_eq!(result.statuses()[index], RangeStatus::Ok, "range {index}");
-            let got: Vec<u8> = result.range_slices(index).concat();
+            let got: Vec<u8> = result.range_pieces(index).collect::<Vec<_>>().concat();
             let start = range.offset_bytes as usize;
             assert_eq!(got, &data[start..start + range.len_bytes as usize], "range {index}");
         }

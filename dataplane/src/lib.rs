@@ -16,4 +16,4 @@ pub mod probe;
 pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 pub use dma::{Arena, SlotLease};
 pub use driver::{BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec};
-pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, ReadBatch, SubmitError};
+pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError};

@@ -5,7 +5,11 @@
 
 pub mod codec;
 pub mod metrics;
+#[cfg(feature = "rdma")]
+pub mod rc;
 pub mod tcp;
+#[cfg(feature = "rdma")]
+pub mod verbs;
 pub mod wire;
 
 pub use codec::{ControlMessage, ErrorCode, NodeInfo, OpenInfo};

@@ -27,6 +27,13 @@ pub const REQUEST_PAYLOAD_MAX_BYTES: u32 =
 /// range's bytes, which the footprint budget bounds.
 pub const RESPONSE_PAYLOAD_MAX_BYTES: u64 =
     BatchResponseHeader::SIZE as u64 + RANGES_PER_BATCH_MAX as u64 + BATCH_FOOTPRINT_MAX_BYTES;
+/// Largest RDMA request payload: the header with the destination buffer,
+/// then the descriptors.
+pub const RDMA_REQUEST_PAYLOAD_MAX_BYTES: u32 =
+    RdmaBatchRequestHeader::SIZE as u32 + RANGES_PER_BATCH_MAX * RangeDescriptor::SIZE as u32;
+/// Largest RDMA response payload: the bytes went ahead by RDMA WRITE, so
+/// only the header and statuses travel.
+pub const RDMA_RESPONSE_PAYLOAD_MAX_BYTES: u32 = BatchResponseHeader::SIZE as u32 + RANGES_PER_BATCH_MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -34,6 +41,11 @@ pub enum FrameKind {
     Control = 1,
     BatchRequest = 2,
     BatchResponse = 3,
+    /// RDMA only: a batch whose bytes the node writes into the client's
+    /// registered buffer.
+    RdmaBatchRequest = 4,
+    /// RDMA only: a batch's statuses; its bytes are already in place.
+    RdmaBatchResponse = 5,
 }
 
 impl FrameKind {
@@ -42,6 +54,8 @@ impl FrameKind {
             1 => Some(Self::Control),
             2 => Some(Self::BatchRequest),
             3 => Some(Self::BatchResponse),
+            4 => Some(Self::RdmaBatchRequest),
+            5 => Some(Self::RdmaBatchResponse),
             _ => None,
         }
     }
@@ -77,6 +91,21 @@ pub struct RangeDescriptor {
     pub dest: U64,
 }
 
+/// An RDMA batch request: a [`BatchRequestHeader`] plus the client's
+/// registered destination buffer. Descriptors' `dest` are offsets into it;
+/// the node checks each against `remote_len` before writing.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct RdmaBatchRequestHeader {
+    pub batch_id: U64,
+    pub handle: U32,
+    pub range_count: U32,
+    pub rkey: U32,
+    pub reserved: U32,
+    pub remote_addr: U64,
+    pub remote_len: U64,
+}
+
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct BatchResponseHeader {
@@ -98,11 +127,15 @@ impl RangeDescriptor {
 impl BatchResponseHeader {
     pub const SIZE: usize = 24;
 }
+impl RdmaBatchRequestHeader {
+    pub const SIZE: usize = 40;
+}
 
 const _: () = assert!(size_of::<FrameHeader>() == FrameHeader::SIZE);
 const _: () = assert!(size_of::<BatchRequestHeader>() == BatchRequestHeader::SIZE);
 const _: () = assert!(size_of::<RangeDescriptor>() == RangeDescriptor::SIZE);
 const _: () = assert!(size_of::<BatchResponseHeader>() == BatchResponseHeader::SIZE);
+const _: () = assert!(size_of::<RdmaBatchRequestHeader>() == RdmaBatchRequestHeader::SIZE);
 
 /// Batch-level outcome: anything but `Ok` means no range was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +146,9 @@ pub enum BatchStatus {
     TooLarge = 2,
     ShuttingDown = 3,
     DatasetGone = 4,
+    /// RDMA: a range's destination lies outside the buffer the request
+    /// named; nothing was written.
+    BadDestination = 5,
 }
 
 impl BatchStatus {
@@ -123,6 +159,7 @@ impl BatchStatus {
             2 => Some(Self::TooLarge),
             3 => Some(Self::ShuttingDown),
             4 => Some(Self::DatasetGone),
+            5 => Some(Self::BadDestination),
             _ => None,
         }
     }
@@ -174,6 +211,8 @@ pub fn parse_frame_header(
         (FrameKind::Control, _) => u64::from(CONTROL_PAYLOAD_MAX_BYTES),
         (FrameKind::BatchRequest, false) => u64::from(REQUEST_PAYLOAD_MAX_BYTES),
         (FrameKind::BatchResponse, true) => RESPONSE_PAYLOAD_MAX_BYTES,
+        (FrameKind::RdmaBatchRequest, false) => u64::from(RDMA_REQUEST_PAYLOAD_MAX_BYTES),
+        (FrameKind::RdmaBatchResponse, true) => u64::from(RDMA_RESPONSE_PAYLOAD_MAX_BYTES),
         (other, _) => return Err(FrameError::Kind(other as u8)),
     };
     if u64::from(len) > max {
@@ -192,6 +231,60 @@ pub fn parse_batch_request(payload: &[u8]) -> Result<(&BatchRequestHeader, &[Ran
     }
     let ranges = <[RangeDescriptor]>::ref_from_bytes(rest).map_err(|_| mismatch)?;
     Ok((header, ranges))
+}
+
+/// Splits an RDMA batch request payload into its header and ranges, and
+/// checks every range lands inside the named buffer.
+pub fn parse_rdma_batch_request(payload: &[u8]) -> Result<(&RdmaBatchRequestHeader, &[RangeDescriptor]), FrameError> {
+    let (header, rest) = RdmaBatchRequestHeader::ref_from_prefix(payload).map_err(|_| FrameError::Short)?;
+    let range_count = header.range_count.get();
+    let mismatch = FrameError::RangeCount { payload_len: payload.len(), range_count };
+    if range_count > RANGES_PER_BATCH_MAX || rest.len() != range_count as usize * RangeDescriptor::SIZE {
+        return Err(mismatch);
+    }
+    let ranges = <[RangeDescriptor]>::ref_from_bytes(rest).map_err(|_| mismatch)?;
+    Ok((header, ranges))
+}
+
+/// Whether every range of an RDMA request lands inside its buffer.
+pub fn destinations_fit(header: &RdmaBatchRequestHeader, ranges: &[RangeDescriptor]) -> bool {
+    let buffer_len = header.remote_len.get();
+    header.remote_addr.get().checked_add(buffer_len).is_some()
+        && ranges.iter().all(|r| r.dest.get().checked_add(u64::from(r.len.get())).is_some_and(|end| end <= buffer_len))
+}
+
+/// Encodes an RDMA batch request frame into `out`.
+pub fn encode_rdma_batch_request(out: &mut Vec<u8>, header: &RdmaBatchRequestHeader, ranges: &[RangeDescriptor]) {
+    assert!(ranges.len() <= RANGES_PER_BATCH_MAX as usize, "batch over the wire limit");
+    assert_eq!(header.range_count.get() as usize, ranges.len(), "header counts the ranges");
+    let payload_len = RdmaBatchRequestHeader::SIZE + ranges.len() * RangeDescriptor::SIZE;
+    out.clear();
+    out.extend_from_slice(frame_header(FrameKind::RdmaBatchRequest, payload_len as u32).as_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(ranges.as_bytes());
+}
+
+/// Encodes an RDMA batch response (statuses only) into `out`.
+pub fn encode_rdma_batch_response(
+    out: &mut Vec<u8>,
+    batch_id: u64,
+    status: BatchStatus,
+    statuses: &[u8],
+    written: u64,
+) {
+    let padded = status_bytes_padded(statuses.len() as u32);
+    let payload_len = (BatchResponseHeader::SIZE + padded) as u32;
+    out.clear();
+    out.extend_from_slice(frame_header(FrameKind::RdmaBatchResponse, payload_len).as_bytes());
+    let header = BatchResponseHeader {
+        batch_id: U64::new(batch_id),
+        status: U32::new(status as u32),
+        range_count: U32::new(statuses.len() as u32),
+        data_len: U64::new(written),
+    };
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(statuses);
+    out.resize(out.len() + padded - statuses.len(), 0);
 }
 
 /// Encodes a batch request frame (header included) into `out`.
@@ -263,6 +356,30 @@ mod tests {
         assert_eq!(decoded, &ranges);
     }
 
+    /// An RDMA request round-trips, and a destination past the buffer's end
+    /// (or one whose end overflows) is caught before anything is written.
+    #[test]
+    fn rdma_request_round_trips_and_destinations_are_checked() {
+        let header = |count: u32, len: u64| RdmaBatchRequestHeader {
+            batch_id: U64::new(9),
+            handle: U32::new(2),
+            range_count: U32::new(count),
+            rkey: U32::new(0x1234),
+            reserved: U32::new(0),
+            remote_addr: U64::new(0x7f00_0000_0000),
+            remote_len: U64::new(len),
+        };
+        let ranges = [descriptor(0, 4096, 0), descriptor(10, 100, 4096)];
+        let mut out = Vec::new();
+        encode_rdma_batch_request(&mut out, &header(2, 4196), &ranges);
+        let (parsed, decoded) = parse_rdma_batch_request(&out[FrameHeader::SIZE..]).expect("request");
+        assert_eq!((parsed.batch_id.get(), parsed.rkey.get(), parsed.remote_len.get()), (9, 0x1234, 4196));
+        assert_eq!(decoded, &ranges);
+        assert!(destinations_fit(parsed, decoded));
+        assert!(!destinations_fit(&header(2, 4195), &ranges), "one byte past the end");
+        assert!(!destinations_fit(&header(1, 4196), &[descriptor(0, 1, u64::MAX)]), "overflowing end");
+    }
+
     /// Oversized, foreign and wrong-direction frames are refused.
     #[test]
     fn bad_headers_are_refused() {
@@ -285,6 +402,9 @@ mod tests {
                 let _ = parse_frame_header(&head, true);
             }
             let _ = parse_batch_request(&bytes);
+            if let Ok((header, ranges)) = parse_rdma_batch_request(&bytes) {
+                let _ = destinations_fit(header, ranges);
+            }
         }
 
         /// A request whose count disagrees with its length is refused.

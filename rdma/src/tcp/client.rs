@@ -43,6 +43,8 @@ pub enum TransportError {
     Lost(String),
     #[error("protocol: {0}")]
     Protocol(String),
+    #[error("RDMA: {0}")]
+    Rdma(String),
 }
 
 struct Pending {
@@ -231,7 +233,9 @@ async fn read_frames(reader: &mut OwnedReadHalf, shared: &Mutex<Shared>) -> Resu
                 }
             }
             FrameKind::BatchResponse => read_response(reader, shared, len, &mut statuses).await?,
-            FrameKind::BatchRequest => return Err(TransportError::Protocol("node sent a request".into())),
+            FrameKind::BatchRequest | FrameKind::RdmaBatchRequest | FrameKind::RdmaBatchResponse => {
+                return Err(TransportError::Protocol(format!("node sent a {kind:?} frame on TCP")))
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use std::io::{self, IoSlice};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-pub use client::{ReadSink, TcpClient, TransportError};
+pub use client::{NodeLimits, ReadSink, TcpClient, TransportError};
 pub use server::{serve, DatasetResolver, OpenError, Opened, ServerConfig};
 
 /// Most iovecs handed to one `writev` (Linux's IOV_MAX).
@@ -46,7 +46,7 @@ async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
 }
 
 /// Encodes a control message as a whole frame.
-fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
+pub(crate) fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;
     let payload = crate::codec::encode(message).unwrap_or_default();
     let mut frame = Vec::with_capacity(crate::wire::FrameHeader::SIZE + payload.len());

@@ -342,7 +342,10 @@ impl<R: DatasetResolver> Connection<R> {
                     };
                     out.send(outgoing).await.map_err(|_| closed())?;
                 }
-                FrameKind::BatchResponse => return Err(Fatal::Protocol("clients do not send responses".into())),
+                FrameKind::RdmaBatchRequest => return Err(Fatal::Protocol("RDMA batch on a TCP connection".into())),
+                FrameKind::BatchResponse | FrameKind::RdmaBatchResponse => {
+                    return Err(Fatal::Protocol("clients do not send responses".into()))
+                }
             }
         }
     }

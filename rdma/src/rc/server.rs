@@ -1,0 +1,722 @@
+//! Node side of the RDMA transport: a listener on rdma_cm, and one task per
+//! connection that owns its queue pair (no locks on the I/O path).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, RangeStatus, ReadBatch, SubmitError};
+use tokio::sync::{oneshot, watch, Semaphore};
+
+use super::{
+    parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
+};
+use super::{WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
+use crate::codec::{self, ControlMessage, ErrorCode};
+use crate::metrics::{DatasetCounters, Lane};
+use crate::tcp::{control_frame, DatasetResolver, Opened, ServerConfig};
+use crate::verbs::{
+    Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
+    ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion,
+};
+use crate::wire::{self, BatchStatus, FrameKind};
+
+/// Most datasets one connection holds open.
+const HANDLES_PER_CONNECTION_MAX: usize = 1024;
+const PROTOCOL: u32 = 1;
+/// Send-queue entries per connection, if the device allows that many.
+const SEND_QUEUE_DEPTH: u32 = 8192;
+/// Scatter-gather entries per RDMA WRITE, if the device allows that many.
+const SEND_SGE_MAX: u32 = 16;
+
+/// The device side shared by every connection: one protection domain and
+/// the data plane's arenas registered in it once.
+struct Device {
+    // Deregistered (dropped) before the plane that maps the arenas.
+    arenas: Vec<MemoryRegion>,
+    pd: ProtectionDomain,
+    plane: Arc<DataPlane>,
+    limits: DeviceLimits,
+    name: String,
+}
+
+impl Device {
+    /// The local key of the arena holding `[addr, addr + len)`.
+    fn lkey_of(&self, addr: u64, len: u64) -> Option<u32> {
+        self.arenas.iter().find(|mr| mr.contains(addr, len)).map(MemoryRegion::lkey)
+    }
+}
+
+/// Accepts RDMA connections on one address of one RDMA device.
+pub struct RdmaListener {
+    // The id before its channel: destroyed first.
+    _id: CmId,
+    channel: Arc<EventChannel>,
+    device: Arc<Device>,
+    local_addr: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("{0}")]
+    Verbs(#[from] VerbsError),
+    #[error("{0} is not an address of an RDMA device (bind the RDMA listener to the device's own IP)")]
+    NoDevice(SocketAddr),
+}
+
+impl RdmaListener {
+    /// Binds and listens on `addr`, which must be an IP of an RDMA device,
+    /// and registers the data plane's arenas with that device (local access
+    /// only: the node never exposes its memory to peers).
+    pub fn bind(addr: SocketAddr, plane: Arc<DataPlane>) -> Result<Self, ListenError> {
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.bind(addr)?;
+        if !id.has_device() {
+            return Err(ListenError::NoDevice(addr));
+        }
+        id.listen(128)?;
+        let pd = ProtectionDomain::new(&id)?;
+        let mut arenas = Vec::with_capacity(plane.dma_regions().len());
+        for region in plane.dma_regions() {
+            // SAFETY: the arenas stay mapped as long as the data plane, which
+            // `Device` holds after these regions (dropped later); the device
+            // only reads them, as the sources of RDMA WRITEs of completed
+            // batches.
+            arenas.push(unsafe { pd.register(region.base as *mut u8, region.len_bytes, Access::LocalRead) }?);
+        }
+        let device = Device { arenas, pd, plane, limits: id.device_limits()?, name: id.device_name() };
+        Ok(Self { _id: id, channel, device: Arc::new(device), local_addr: addr })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device.name
+    }
+
+    /// Accepts connections until `shutdown` turns true.
+    pub async fn serve<R: DatasetResolver>(
+        self,
+        resolver: Arc<R>,
+        config: ServerConfig,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), VerbsError> {
+        let events = readiness(Arc::clone(&self.channel), "registering the rdma_cm channel")?;
+        let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
+        let mut next_client_id = 1u32 << 31;
+        loop {
+            tokio::select! {
+                ready = events.readable() => {
+                    let mut guard = ready.map_err(|source| VerbsError { op: "waiting for rdma_cm", source })?;
+                    loop {
+                        let event = match self.channel.next_event() {
+                            Ok(Some(event)) => event,
+                            Ok(None) => { guard.clear_ready(); break; }
+                            Err(err) => { tracing::warn!("rdma_cm: {err}"); guard.clear_ready(); break; }
+                        };
+                        let Some(id) = event.new_id else {
+                            tracing::debug!("rdma listener event {}", event.kind);
+                            continue;
+                        };
+                        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                            tracing::warn!("refusing an RDMA connection: {} are open", config.connections_max);
+                            let _ = id.reject();
+                            continue;
+                        };
+                        next_client_id = next_client_id.wrapping_add(1) | (1 << 31);
+                        let session = Session::setup(id, Arc::clone(&self.device), Arc::clone(&resolver), config.clone(), next_client_id);
+                        tokio::spawn(async move {
+                            match session {
+                                Ok(session) => session.run().await,
+                                Err(err) => tracing::warn!("setting up an RDMA connection: {err}"),
+                            }
+                            drop(slot);
+                        });
+                    }
+                }
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Why a connection is closed by the node.
+#[derive(Debug, thiserror::Error)]
+enum Fatal {
+    #[error("{0}")]
+    Frame(#[from] wire::FrameError),
+    #[error("{0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Verbs(#[from] VerbsError),
+    #[error("work request failed: {0}")]
+    Completion(String),
+    #[error("the grant this session opened {0} under was revoked")]
+    Revoked(String),
+}
+
+impl Fatal {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Frame(wire::FrameError::Oversized { .. }) => ErrorCode::OversizedFrame,
+            Self::Frame(_) | Self::Codec(_) => ErrorCode::MalformedFrame,
+            Self::Protocol(_) | Self::Verbs(_) | Self::Completion(_) => ErrorCode::Protocol,
+            Self::Revoked(_) => ErrorCode::AccessDenied,
+        }
+    }
+}
+
+/// A request, copied out of its receive slot so the slot can be reposted.
+enum Incoming {
+    Control(ControlMessage),
+    Batch { batch_id: u64, handle: u32, target: Target, ranges: Vec<ByteRange>, fits: bool },
+}
+
+/// Where a batch's bytes go in the client's memory.
+struct Target {
+    remote_addr: u64,
+    rkey: u32,
+    /// Per range, its offset in the client's buffer.
+    dests: Vec<u64>,
+}
+
+/// A batch the data plane finished (or refused), ready to go out.
+struct Completed {
+    batch_id: u64,
+    range_count: u32,
+    target: Target,
+    outcome: Result<BatchResult, BatchStatus>,
+}
+
+enum Outgoing {
+    Control(Vec<u8>),
+    Batch(Completed),
+}
+
+/// A posted SEND and what it keeps alive until it completes.
+struct InFlight {
+    /// Send-queue entries it and the WRITEs before it take.
+    work_requests: u32,
+    /// Whether it answers a batch (which holds a credit until then).
+    is_batch: bool,
+    /// The DMA slots the WRITEs read from, for batches.
+    _batch: Option<BatchResult>,
+}
+
+type Reading = Pin<Box<dyn Future<Output = Completed> + Send>>;
+
+/// One client connection. Owns its queue pair; declared first, it is
+/// destroyed before the slots it posts from and the batches it writes from.
+struct Session<R> {
+    qp: QueuePair,
+    recv: MessageSlots,
+    send: MessageSlots,
+    in_flight: Vec<Option<InFlight>>,
+    free_send: Vec<u32>,
+    send_queue_free: u32,
+    batches_in_flight: u32,
+    credits: u32,
+    waiting: VecDeque<Outgoing>,
+    device: Arc<Device>,
+    resolver: Arc<R>,
+    config: ServerConfig,
+    client_id: u32,
+    handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>)>,
+    next_handle: u32,
+    greeted: bool,
+    granted: Vec<(u64, String)>,
+    scratch: Vec<u8>,
+}
+
+impl<R: DatasetResolver> Session<R> {
+    /// Creates the queue pair and message slots, posts every receive, and
+    /// accepts. On failure the request is rejected.
+    fn setup(
+        id: CmId,
+        device: Arc<Device>,
+        resolver: Arc<R>,
+        config: ServerConfig,
+        client_id: u32,
+    ) -> Result<Self, VerbsError> {
+        let credits = config.credits.clamp(1, RDMA_CREDITS_MAX);
+        let messages = credits + CONTROL_MESSAGES_MAX;
+        let send_wr = SEND_QUEUE_DEPTH.min(device.limits.max_qp_wr).max(messages + 1);
+        let caps = QueueCaps { send_wr, recv_wr: messages, send_sge: SEND_SGE_MAX.min(device.limits.max_sge).max(1) };
+        let built = (|| {
+            let cq = CompletionQueue::new(&id, (send_wr + messages).min(device.limits.max_cqe))?;
+            Ok::<_, VerbsError>(cq)
+        })();
+        let cq = match built {
+            Ok(cq) => cq,
+            Err(err) => {
+                let _ = id.reject();
+                return Err(err);
+            }
+        };
+        let mut qp = QueuePair::create(id, &device.pd, &cq, caps)?;
+        let slots =
+            MessageSlots::new(&device.pd, messages as usize, REQUEST_SLOT_BYTES, Access::LocalWrite).and_then(|recv| {
+                Ok((recv, MessageSlots::new(&device.pd, messages as usize, RESPONSE_SLOT_BYTES, Access::LocalRead)?))
+            });
+        let (recv, send) = match slots {
+            Ok(slots) => slots,
+            Err(err) => {
+                let _ = qp.id().reject();
+                return Err(err);
+            }
+        };
+        for slot in 0..messages as usize {
+            // SAFETY: the receive slots are registered for local write and
+            // live until after the QP (field order in `Session`); nothing
+            // touches a posted slot until its completion is polled.
+            if let Err(err) = unsafe { qp.post_recv(WR_RECV | slot as u64, recv.sge(slot, REQUEST_SLOT_BYTES)) } {
+                let _ = qp.id().reject();
+                return Err(err);
+            }
+        }
+        if let Err(err) = qp.id().accept() {
+            let _ = qp.id().reject();
+            return Err(err);
+        }
+        let send_queue_free = qp.caps().send_wr;
+        Ok(Self {
+            qp,
+            recv,
+            in_flight: (0..messages).map(|_| None).collect(),
+            free_send: (0..messages).rev().collect(),
+            send,
+            send_queue_free,
+            batches_in_flight: 0,
+            credits,
+            waiting: VecDeque::new(),
+            device,
+            resolver,
+            config,
+            client_id,
+            handles: HashMap::new(),
+            next_handle: 1,
+            greeted: false,
+            granted: Vec::new(),
+            scratch: Vec::with_capacity(RESPONSE_SLOT_BYTES),
+        })
+    }
+
+    async fn run(mut self) {
+        let outcome = self.serve().await;
+        match outcome {
+            Ok(()) => tracing::debug!(client = self.client_id, "RDMA client disconnected"),
+            Err(fatal) => {
+                tracing::info!(client = self.client_id, "closing RDMA connection: {fatal}");
+                if !matches!(fatal, Fatal::Completion(_)) {
+                    self.farewell(&fatal).await;
+                }
+            }
+        }
+        // Dropping `self` disconnects and destroys the QP, then returns the
+        // DMA slots of every batch still in flight.
+    }
+
+    /// Sends the reason a connection closes, and waits briefly for it to go.
+    async fn farewell(&mut self, fatal: &Fatal) {
+        let message = ControlMessage::Error { code: fatal.code(), message: fatal.to_string() };
+        self.waiting.push_front(Outgoing::Control(control_frame(&message)));
+        if self.flush().is_err() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut completions = Vec::new();
+        while Instant::now() < deadline && self.free_send.len() < self.in_flight.len() {
+            completions.clear();
+            if self.qp.cq().poll(&mut completions, 64).is_err() || completions.iter().any(|wc| !wc.is_ok()) {
+                return;
+            }
+            for wc in &completions {
+                if wc.wr_id & WR_TAG_MASK == WR_SEND {
+                    self.send_completed(wc.wr_id as u32);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn serve(&mut self) -> Result<(), Fatal> {
+        let cq = readiness(Arc::clone(self.qp.cq()), "registering the completion channel")?;
+        let cm = readiness(Arc::clone(self.qp.id().channel()), "registering the rdma_cm channel")?;
+        let mut revocations = self.resolver.revocations();
+        let mut reading: FuturesUnordered<Reading> = FuturesUnordered::new();
+        let mut completions = Vec::with_capacity(64);
+        loop {
+            tokio::select! {
+                ready = cq.readable() => {
+                    let mut guard = ready.map_err(|source| VerbsError { op: "waiting for completions", source })?;
+                    self.qp.cq().take_events()?;
+                    guard.clear_ready();
+                    loop {
+                        completions.clear();
+                        if self.qp.cq().poll(&mut completions, 64)? == 0 {
+                            break;
+                        }
+                        for wc in completions.drain(..) {
+                            self.completed(wc, &mut reading).await?;
+                        }
+                    }
+                    self.flush()?;
+                }
+                ready = cm.readable() => {
+                    let mut guard = ready.map_err(|source| VerbsError { op: "waiting for rdma_cm", source })?;
+                    loop {
+                        match self.qp.id().channel().next_event()? {
+                            Some(event) if event.kind == CmEventKind::Disconnected => return Ok(()),
+                            Some(event) if matches!(event.kind, CmEventKind::Failed(_)) => {
+                                return Err(Fatal::Protocol(format!("connection failed: {}", event.kind)))
+                            }
+                            Some(event) => tracing::debug!(client = self.client_id, "rdma_cm event {}", event.kind),
+                            None => { guard.clear_ready(); break; }
+                        }
+                    }
+                }
+                Some(done) = reading.next(), if !reading.is_empty() => {
+                    self.waiting.push_back(Outgoing::Batch(done));
+                    self.flush()?;
+                }
+                changed = revocations.changed() => {
+                    if changed.is_err() {
+                        // The control plane is gone; the node is stopping.
+                        return Ok(());
+                    }
+                    if let Some((_, name)) = self.granted.iter().find(|(grant, _)| !self.resolver.grant_live(*grant)) {
+                        return Err(Fatal::Revoked(name.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one work completion.
+    async fn completed(&mut self, wc: WorkCompletion, reading: &mut FuturesUnordered<Reading>) -> Result<(), Fatal> {
+        if !wc.is_ok() {
+            let kind = match wc.wr_id & WR_TAG_MASK {
+                WR_RECV => "receive",
+                WR_SEND => "send",
+                WR_WRITE => "RDMA write",
+                _ => "work request",
+            };
+            return Err(Fatal::Completion(format!("{kind}: {}", wc.status_text())));
+        }
+        let slot = wc.wr_id as u32;
+        match wc.wr_id & WR_TAG_MASK {
+            WR_SEND => {
+                self.send_completed(slot);
+                Ok(())
+            }
+            WR_RECV => {
+                let incoming = {
+                    // SAFETY: the slot's receive completed and it is not
+                    // reposted until after this copy is made.
+                    let bytes = unsafe { self.recv.slot(slot as usize) };
+                    let len = (wc.byte_len as usize).min(bytes.len());
+                    decode(&bytes[..len])
+                };
+                // SAFETY: as in `setup`; the slot's bytes were copied out.
+                unsafe {
+                    self.qp.post_recv(WR_RECV | u64::from(slot), self.recv.sge(slot as usize, REQUEST_SLOT_BYTES))
+                }?;
+                self.handle(incoming?, reading).await
+            }
+            _ => Err(Fatal::Protocol(format!("completion for unknown work request {:#x}", wc.wr_id))),
+        }
+    }
+
+    fn send_completed(&mut self, slot: u32) {
+        let Some(Some(done)) = self.in_flight.get_mut(slot as usize).map(Option::take) else {
+            tracing::warn!(client = self.client_id, "completion for idle send slot {slot}");
+            return;
+        };
+        self.send_queue_free += done.work_requests;
+        if done.is_batch {
+            self.batches_in_flight -= 1;
+        }
+        self.free_send.push(slot);
+        // `done.batch` drops here: its DMA slots go back to the core.
+    }
+
+    async fn handle(&mut self, incoming: Incoming, reading: &mut FuturesUnordered<Reading>) -> Result<(), Fatal> {
+        match incoming {
+            Incoming::Control(message) => {
+                if let Some(reply) = self.control(message).await? {
+                    self.waiting.push_back(Outgoing::Control(control_frame(&reply)));
+                }
+            }
+            Incoming::Batch { batch_id, handle, target, ranges, fits } => {
+                if !self.greeted {
+                    return Err(Fatal::Protocol("the first message must be Hello".into()));
+                }
+                if self.batches_in_flight >= self.credits {
+                    return Err(Fatal::Protocol(format!("more than {} batches in flight", self.credits)));
+                }
+                self.batches_in_flight += 1;
+                let range_count = ranges.len() as u32;
+                let refused = match self.handles.get(&handle) {
+                    None => Some(BatchStatus::UnknownHandle),
+                    Some((_, counters)) if !fits => {
+                        counters.record_failed_batch();
+                        Some(BatchStatus::BadDestination)
+                    }
+                    Some(_) => None,
+                };
+                let (Some((slot, counters)), None) = (self.handles.get(&handle), refused) else {
+                    let status = refused.unwrap_or(BatchStatus::UnknownHandle);
+                    let completed = Completed { batch_id, range_count, target, outcome: Err(status) };
+                    self.waiting.push_back(Outgoing::Batch(completed));
+                    return Ok(());
+                };
+                let batch_bytes: u64 = ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
+                let lane = if batch_bytes <= self.config.latency_batch_bytes_max { Lane::Latency } else { Lane::Bulk };
+                let counters = Arc::clone(counters);
+                let (reply, result) = oneshot::channel();
+                let batch = ReadBatch { dataset: *slot, client_id: self.client_id, ranges, reply };
+                if self.device.plane.submit(batch).await.is_err() {
+                    counters.record_failed_batch();
+                    let completed =
+                        Completed { batch_id, range_count, target, outcome: Err(BatchStatus::ShuttingDown) };
+                    self.waiting.push_back(Outgoing::Batch(completed));
+                    return Ok(());
+                }
+                let submitted = Instant::now();
+                reading.push(Box::pin(async move {
+                    let outcome = match result.await {
+                        Ok(Ok(batch)) => Ok(batch),
+                        Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
+                        Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
+                        Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
+                    };
+                    match &outcome {
+                        Ok(batch) => {
+                            let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
+                            let failed = batch.statuses().len() as u64 - ok;
+                            counters.record_batch(lane, ok, failed, batch.payload_bytes(), submitted.elapsed());
+                        }
+                        Err(_) => counters.record_failed_batch(),
+                    }
+                    Completed { batch_id, range_count, target, outcome }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers a control message; `None` for those without a reply.
+    async fn control(&mut self, message: ControlMessage) -> Result<Option<ControlMessage>, Fatal> {
+        let reply = match message {
+            ControlMessage::Hello { protocol, .. } if protocol == PROTOCOL => {
+                self.greeted = true;
+                ControlMessage::HelloOk {
+                    node: self.config.node_name.clone(),
+                    ranges_per_batch_max: self.config.ranges_per_batch_max,
+                    batch_footprint_max_bytes: self.config.batch_footprint_max_bytes,
+                    credits: self.credits,
+                }
+            }
+            ControlMessage::Hello { protocol, .. } => {
+                return Err(Fatal::Protocol(format!("client protocol {protocol}, node speaks {PROTOCOL}")))
+            }
+            _ if !self.greeted => return Err(Fatal::Protocol("the first message must be Hello".into())),
+            ControlMessage::Open { name, token } => {
+                if self.handles.len() >= HANDLES_PER_CONNECTION_MAX {
+                    ControlMessage::Error {
+                        code: ErrorCode::Protocol,
+                        message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
+                    }
+                } else {
+                    match self.resolver.open(name.clone(), token).await {
+                        Ok(Opened { slot, info, grant, counters }) => {
+                            let handle = self.next_handle;
+                            self.next_handle = self.next_handle.wrapping_add(1).max(1);
+                            self.handles.insert(handle, (slot, counters));
+                            if let Some(grant) = grant {
+                                if !self.granted.iter().any(|(g, _)| *g == grant) {
+                                    self.granted.push((grant, name));
+                                }
+                            }
+                            ControlMessage::Opened { handle, info }
+                        }
+                        Err(err) => ControlMessage::Error { code: err.code, message: err.message },
+                    }
+                }
+            }
+            ControlMessage::Close { handle } => {
+                self.handles.remove(&handle);
+                return Ok(None);
+            }
+            other => return Err(Fatal::Protocol(format!("unexpected message {other:?}"))),
+        };
+        Ok(Some(reply))
+    }
+
+    /// Posts waiting responses in order while send slots and send-queue
+    /// entries last; the rest wait for completions.
+    fn flush(&mut self) -> Result<(), Fatal> {
+        while let Some(next) = self.waiting.pop_front() {
+            if let Err(next) = self.post(next)? {
+                self.waiting.push_front(next);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one response; gives it back when there is no room yet.
+    fn post(&mut self, outgoing: Outgoing) -> Result<Result<(), Outgoing>, Fatal> {
+        let Some(&slot) = self.free_send.last() else { return Ok(Err(outgoing)) };
+        let mut sges = Vec::new();
+        let mut writes: Vec<(usize, usize, u64)> = Vec::new();
+        match outgoing {
+            Outgoing::Control(ref frame) => {
+                if self.send_queue_free < 1 {
+                    return Ok(Err(outgoing));
+                }
+                self.scratch.clear();
+                self.scratch.extend_from_slice(frame);
+            }
+            Outgoing::Batch(ref completed) => {
+                let (status, statuses, written) = match &completed.outcome {
+                    Ok(batch) => {
+                        let written = self.gather(batch, &completed.target, &mut sges, &mut writes);
+                        (BatchStatus::Ok, batch.statuses().iter().map(|s| *s as u8).collect(), written)
+                    }
+                    Err(status) => (*status, vec![RangeStatus::IoError as u8; completed.range_count as usize], Some(0)),
+                };
+                let Some(written) = written else {
+                    return Err(Fatal::Protocol("a batch's bytes lie outside the registered arenas".into()));
+                };
+                let needed = writes.len() as u32 + 1;
+                if needed > self.qp.caps().send_wr {
+                    tracing::warn!(client = self.client_id, "batch needs {needed} work requests; refusing it");
+                    let Outgoing::Batch(completed) = outgoing else { unreachable!("matched above") };
+                    let refused = Completed { outcome: Err(BatchStatus::TooLarge), ..completed };
+                    return self.post(Outgoing::Batch(refused));
+                }
+                if needed > self.send_queue_free {
+                    return Ok(Err(outgoing));
+                }
+                wire::encode_rdma_batch_response(&mut self.scratch, completed.batch_id, status, &statuses, written);
+            }
+        }
+        assert!(self.scratch.len() <= RESPONSE_SLOT_BYTES, "response larger than its slot");
+        self.free_send.pop();
+        // SAFETY: the slot is free (taken off the free list), so no posted
+        // SEND reads it.
+        let bytes = unsafe { self.send.slot_mut(slot as usize) };
+        bytes[..self.scratch.len()].copy_from_slice(&self.scratch);
+        let message = [self.send.sge(slot as usize, self.scratch.len())];
+        let (remote_addr, rkey) = match &outgoing {
+            Outgoing::Batch(completed) => (completed.target.remote_addr, completed.target.rkey),
+            Outgoing::Control(_) => (0, 0),
+        };
+        let mut requests: Vec<SendWr<'_>> = writes
+            .iter()
+            .map(|&(first, count, dest)| SendWr {
+                wr_id: WR_WRITE | u64::from(slot),
+                op: SendOp::Write { remote_addr: remote_addr + dest, rkey },
+                sges: &sges[first..first + count],
+                signaled: false,
+            })
+            .collect();
+        requests.push(SendWr { wr_id: WR_SEND | u64::from(slot), op: SendOp::Send, sges: &message, signaled: true });
+        let work_requests = requests.len() as u32;
+        // SAFETY: the WRITEs read DMA slots of `batch`'s result, registered
+        // in `Device::arenas` and kept alive in `in_flight` until this SEND
+        // completes (RC completes in order) or the QP is destroyed; the SEND
+        // reads a send slot that is ours until then. Remote addresses are
+        // inside the buffer the client named with its rkey (checked by
+        // `destinations_fit`; the client's NIC enforces it too).
+        unsafe { self.qp.post_send(&requests) }?;
+        self.send_queue_free -= work_requests;
+        let (is_batch, batch) = match outgoing {
+            Outgoing::Batch(completed) => (true, completed.outcome.ok()),
+            Outgoing::Control(_) => (false, None),
+        };
+        self.in_flight[slot as usize] = Some(InFlight { work_requests, is_batch, _batch: batch });
+        Ok(Ok(()))
+    }
+
+    /// Lists the SGEs of every `Ok` range and groups them into WRITEs
+    /// `(first SGE, count, offset in the client's buffer)`; returns the bytes
+    /// written, or `None` if a piece is outside every registered arena.
+    fn gather(
+        &self,
+        batch: &BatchResult,
+        target: &Target,
+        sges: &mut Vec<Sge>,
+        writes: &mut Vec<(usize, usize, u64)>,
+    ) -> Option<u64> {
+        let per_write = self.qp.caps().send_sge.max(1) as usize;
+        let mut written = 0u64;
+        for (index, status) in batch.statuses().iter().enumerate() {
+            if *status != RangeStatus::Ok {
+                continue;
+            }
+            let mut dest = target.dests[index];
+            let mut first = sges.len();
+            let mut first_dest = dest;
+            for piece in batch.range_pieces(index) {
+                if piece.is_empty() {
+                    continue;
+                }
+                if sges.len() - first == per_write {
+                    writes.push((first, per_write, first_dest));
+                    first = sges.len();
+                    first_dest = dest;
+                }
+                let addr = piece.as_ptr() as u64;
+                let len = piece.len() as u64;
+                sges.push(Sge { addr, len: piece.len() as u32, lkey: self.device.lkey_of(addr, len)? });
+                dest += len;
+                written += len;
+            }
+            if sges.len() > first {
+                writes.push((first, sges.len() - first, first_dest));
+            }
+        }
+        Some(written)
+    }
+}
+
+/// Decodes a received message into a request the node acts on.
+fn decode(bytes: &[u8]) -> Result<Incoming, Fatal> {
+    let (kind, payload) = parse_message(bytes, false)?;
+    match kind {
+        FrameKind::Control => Ok(Incoming::Control(codec::decode(payload)?)),
+        FrameKind::RdmaBatchRequest => {
+            let (header, descriptors) = wire::parse_rdma_batch_request(payload)?;
+            let fits = wire::destinations_fit(header, descriptors);
+            Ok(Incoming::Batch {
+                batch_id: header.batch_id.get(),
+                handle: header.handle.get(),
+                target: Target {
+                    remote_addr: header.remote_addr.get(),
+                    rkey: header.rkey.get(),
+                    dests: descriptors.iter().map(|d| d.dest.get()).collect(),
+                },
+                ranges: descriptors
+                    .iter()
+                    .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
+                    .collect(),
+                fits,
+            })
+        }
+        FrameKind::BatchRequest => Err(Fatal::Protocol("TCP batch on an RDMA connection".into())),
+        FrameKind::BatchResponse | FrameKind::RdmaBatchResponse => {
+            Err(Fatal::Protocol("clients do not send responses".into()))
+        }
+    }
+}
