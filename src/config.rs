@@ -34,6 +34,9 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// Control API address.
     pub control: SocketAddr,
+    /// RDMA transport address: an IP of an RDMA device (rdma_cm port).
+    /// Off when unset; needs a build with the `rdma` feature.
+    pub rdma_listen: Option<SocketAddr>,
     pub name: String,
     pub driver: DriverChoice,
     /// O_DIRECT (`direct`) or page cache (`buffered`) for file namespaces.
@@ -91,6 +94,7 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("sluice-data"),
             listen: DEFAULT_DATA_ADDR.parse().expect("valid default address"),
             control: DEFAULT_CONTROL_ADDR.parse().expect("valid default address"),
+            rdma_listen: None,
             name: hostname(),
             driver: DriverChoice::Uring,
             io_mode: IoModeChoice::Direct,

@@ -151,6 +151,7 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
         seed: 42,
         pattern: ReadPattern::Random,
         batches_per_worker: None,
+        verify_against: None,
     };
     let report = readbench::run(Arc::clone(&dataset), params).await.map_err(|e| e.to_string())?;
     println!(

@@ -13,6 +13,50 @@ use tokio::task::JoinHandle;
 
 use crate::config::{DriverChoice, IoModeChoice, NodeConfig};
 
+#[cfg(feature = "rdma")]
+type RdmaListener = sluice_rdma::rc::RdmaListener;
+#[cfg(not(feature = "rdma"))]
+type RdmaListener = std::convert::Infallible;
+
+/// Binds the RDMA transport and registers the data plane's arenas with its
+/// device.
+#[cfg(feature = "rdma")]
+fn bind_rdma(addr: SocketAddr, plane: &Arc<DataPlane>) -> Result<RdmaListener, NodeError> {
+    let listener = RdmaListener::bind(addr, Arc::clone(plane))
+        .map_err(|err| NodeError::Rdma { addr, message: err.to_string() })?;
+    tracing::info!("RDMA transport on {addr} ({})", listener.device_name());
+    Ok(listener)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn bind_rdma(addr: SocketAddr, _plane: &Arc<DataPlane>) -> Result<RdmaListener, NodeError> {
+    Err(NodeError::Rdma { addr, message: "this build has no RDMA support (build with `--features rdma`)".into() })
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(
+    listener: RdmaListener,
+    resolver: Arc<Resolver>,
+    config: ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(err) = listener.serve(resolver, config, shutdown).await {
+            tracing::error!("RDMA transport stopped: {err}");
+        }
+    })
+}
+
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(
+    listener: RdmaListener,
+    _resolver: Arc<Resolver>,
+    _config: ServerConfig,
+    _shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    match listener {}
+}
+
 /// A running node.
 pub struct Node {
     pub control_addr: SocketAddr,
@@ -35,6 +79,8 @@ pub enum NodeError {
     DataPlane(#[from] sluice_dataplane::engine::StartError),
     #[error("opening the catalog: {0}")]
     Control(#[from] sluice_control::ControlError),
+    #[error("RDMA transport on {addr}: {message}")]
+    Rdma { addr: SocketAddr, message: String },
     #[error("binding {what} on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -108,6 +154,10 @@ impl Node {
             addr: config.control,
             source,
         })?;
+        let rdma_listener = match config.rdma_listen {
+            Some(addr) => Some(bind_rdma(addr, &plane)?),
+            None => None,
+        };
         let data_addr = data_listener.local_addr().unwrap_or(config.listen);
         let control_addr = control_listener.local_addr().unwrap_or(config.control);
         control.set_info(|info| {
@@ -117,6 +167,7 @@ impl Node {
             info.control_addr = control_addr.to_string();
             info.driver = plane.describe().to_string();
             info.grants_required = !config.insecure;
+            info.rdma_addr = config.rdma_listen.map(|addr| addr.to_string());
         });
 
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -135,13 +186,18 @@ impl Node {
                 sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES
             },
         };
-        let data_task = tokio::spawn(serve(
+        let resolver = Arc::new(Resolver(Arc::clone(&control)));
+        let mut tasks = Vec::with_capacity(3);
+        if let Some(listener) = rdma_listener {
+            tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), shutdown_rx.clone()));
+        }
+        tasks.push(tokio::spawn(serve(
             data_listener,
             Arc::clone(&plane),
-            Arc::new(Resolver(Arc::clone(&control))),
+            resolver,
             server_config,
             shutdown_rx.clone(),
-        ));
+        )));
         let mut control_shutdown = shutdown_rx;
         let router = api::router(Arc::clone(&control));
         let control_task = tokio::spawn(async move {
@@ -158,7 +214,8 @@ impl Node {
                 Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
             }
         }
-        Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks: vec![data_task, control_task] })
+        tasks.push(control_task);
+        Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks })
     }
 
     /// Drops root for `user` once devices, DMA memory and ports are held:

@@ -24,6 +24,9 @@ pub struct BenchParams {
     /// Stop each worker after this many batches (for instruction counts,
     /// which need a fixed amount of work); `None`: run for `duration`.
     pub batches_per_worker: Option<u64>,
+    /// The dataset's bytes, to check every read against (rig tests: a
+    /// transport that moves bytes fast but wrong shows here).
+    pub verify_against: Option<Arc<Vec<u8>>>,
 }
 
 /// Where the reads of a run fall.
@@ -48,6 +51,8 @@ pub struct BenchReport {
     pub reads: u64,
     pub bytes: u64,
     pub failed_ranges: u64,
+    /// Reads whose bytes differed from `verify_against` (0 when not set).
+    pub mismatched_ranges: u64,
     pub iops: f64,
     pub gb_per_s: f64,
     pub batch_latency_us_p50: u64,
@@ -63,6 +68,7 @@ struct Tally {
     reads: u64,
     bytes: u64,
     failed: u64,
+    mismatched: u64,
 }
 
 /// Runs the benchmark against an open dataset.
@@ -84,8 +90,9 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
         let params = params.clone();
         workers.push(tokio::spawn(async move {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed.wrapping_add(worker as u64));
-            let mut tally = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0 };
-            let mut buf = vec![0u8; params.size_bytes as usize * params.batch];
+            let mut tally = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0, mismatched: 0 };
+            // Registered once on RDMA: no per-read registration in the loop.
+            let mut buf = dataset.buffer(params.size_bytes as usize * params.batch)?;
             let slots = (length - size) / align;
             let mut ranges = Vec::with_capacity(params.batch);
             let mut cursor = rng.gen_range(0..=slots);
@@ -105,17 +112,26 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
                     ranges.push(ReadRange { offset, len: params.size_bytes, dest: (i as u64) * size });
                 }
                 let sent = Instant::now();
-                let statuses = dataset.read_batch(&ranges, &mut buf).await?;
+                let statuses = dataset.read_into(&ranges, &mut buf).await?;
                 let _ = tally.histogram.record(sent.elapsed().as_micros().max(1) as u64);
                 let ok = statuses.iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
                 tally.reads += ok;
                 tally.bytes += ok * size;
                 tally.failed += statuses.len() as u64 - ok;
+                if let Some(expected) = &params.verify_against {
+                    for (range, status) in ranges.iter().zip(&statuses) {
+                        let want = expected.get(range.offset as usize..(range.offset + size) as usize);
+                        let got = &buf[range.dest as usize..(range.dest + size) as usize];
+                        if *status == RangeStatus::Ok && want != Some(got) {
+                            tally.mismatched += 1;
+                        }
+                    }
+                }
             }
             Ok::<Tally, ClientError>(tally)
         }));
     }
-    let mut total = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0 };
+    let mut total = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0, mismatched: 0 };
     for worker in workers {
         let tally =
             worker.await.map_err(|e| ClientError::Control { endpoint: String::new(), message: e.to_string() })??;
@@ -123,6 +139,7 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
         total.reads += tally.reads;
         total.bytes += tally.bytes;
         total.failed += tally.failed;
+        total.mismatched += tally.mismatched;
     }
     let seconds = started.elapsed().as_secs_f64();
     let h = &total.histogram;
@@ -144,6 +161,7 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
         reads: total.reads,
         bytes: total.bytes,
         failed_ranges: total.failed,
+        mismatched_ranges: total.mismatched,
         iops: total.reads as f64 / seconds,
         gb_per_s: total.bytes as f64 / seconds / 1e9,
         batch_latency_us_p50: h.value_at_quantile(0.5),

@@ -70,6 +70,7 @@ fn run_once(
             seed: 11,
             pattern: ReadPattern::Random,
             batches_per_worker: Some(batches),
+            verify_against: None,
         };
         let report = readbench::run(dataset, params).await.map_err(|e| e.to_string())?;
         if report.failed_ranges > 0 || report.reads != batches * BATCH as u64 {

@@ -34,6 +34,7 @@ pub async fn sluice(
         seed: 0xbe7c4,
         pattern: if workload.sequential() { ReadPattern::Sequential } else { ReadPattern::Random },
         batches_per_worker: None,
+        verify_against: None,
     };
     let cpu_before = server_cpu();
     let report = readbench::run(dataset, params).await.map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::{ClientError, NodeInfo, OpenOptions, RangeStatus, ReadRange};
+use crate::{ClientError, NodeInfo, OpenOptions, RangeStatus, ReadBuffer, ReadRange, TransportChoice};
 
 pub struct Client {
     runtime: Arc<tokio::runtime::Runtime>,
@@ -12,14 +12,29 @@ pub struct Client {
 }
 
 impl Client {
+    /// See [`crate::Client::connect`].
     pub fn connect(endpoint: &str) -> Result<Self, ClientError> {
+        Self::build(endpoint, None)
+    }
+
+    /// See [`crate::Client::connect_with`].
+    pub fn connect_with(endpoint: &str, choice: TransportChoice) -> Result<Self, ClientError> {
+        Self::build(endpoint, Some(choice))
+    }
+
+    fn build(endpoint: &str, choice: Option<TransportChoice>) -> Result<Self, ClientError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("sluice-client")
             .enable_all()
             .build()
             .map_err(|e| ClientError::Control { endpoint: endpoint.to_string(), message: format!("runtime: {e}") })?;
-        let inner = runtime.block_on(crate::Client::connect(endpoint))?;
+        let inner = runtime.block_on(async {
+            match choice {
+                Some(choice) => crate::Client::connect_with(endpoint, choice).await,
+                None => crate::Client::connect(endpoint).await,
+            }
+        })?;
         Ok(Self { runtime: Arc::new(runtime), inner })
     }
 
@@ -29,6 +44,16 @@ impl Client {
 
     pub fn transport(&self) -> &'static str {
         self.inner.transport()
+    }
+
+    /// See [`crate::Client::transport_reason`].
+    pub fn transport_reason(&self) -> &str {
+        self.inner.transport_reason()
+    }
+
+    /// See [`crate::Client::buffer`].
+    pub fn buffer(&self, len: usize) -> Result<ReadBuffer, ClientError> {
+        self.inner.buffer(len)
     }
 
     pub fn open(&self, name: &str) -> Result<Dataset, ClientError> {
@@ -58,5 +83,10 @@ impl Dataset {
     /// See [`crate::Dataset::read_batch`].
     pub fn read_batch(&self, ranges: &[ReadRange], buf: &mut Vec<u8>) -> Result<Vec<RangeStatus>, ClientError> {
         self.runtime.block_on(self.inner.read_batch(ranges, buf))
+    }
+
+    /// See [`crate::Dataset::read_into`].
+    pub fn read_into(&self, ranges: &[ReadRange], buf: &mut ReadBuffer) -> Result<Vec<RangeStatus>, ClientError> {
+        self.runtime.block_on(self.inner.read_into(ranges, buf))
     }
 }

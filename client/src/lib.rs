@@ -16,20 +16,22 @@
 pub mod blocking;
 pub mod loader;
 pub mod sampler;
+mod transport;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use sluice_dataplane::plan::footprint_bound_bytes;
-use sluice_rdma::tcp::{TcpClient, TransportError};
+use sluice_rdma::tcp::TransportError;
 use sluice_rdma::wire::RangeDescriptor;
 pub use sluice_rdma::NodeInfo;
 use sluice_rdma::OpenInfo;
 use zerocopy_le::{U32, U64};
 
 pub use sluice_dataplane::{RangeStatus, CHUNK_SIZE_BYTES};
+use transport::{Landing, Transport};
+pub use transport::{ReadBuffer, TransportChoice, TRANSPORT_ENV};
 
 mod zerocopy_le {
     pub use sluice_rdma::wire::le::{U32, U64};
@@ -59,6 +61,8 @@ pub enum ClientError {
     Destination { index: usize, dest: u64, len: u32, buf_len: usize },
     #[error("node's data address {0:?} is not host:port")]
     BadAddress(String),
+    #[error("RDMA unavailable: {0}")]
+    Rdma(String),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -78,7 +82,8 @@ pub const TOKEN_ENV: &str = "SLUICE_TOKEN";
 pub struct Client {
     endpoint: String,
     node: NodeInfo,
-    transport: Arc<TcpClient>,
+    transport: Arc<Transport>,
+    transport_reason: String,
 }
 
 fn http_get(endpoint: &str, path: &str) -> Result<ureq::Response, ClientError> {
@@ -112,8 +117,18 @@ async fn http_get_bytes(endpoint: &str, path: String) -> Result<Vec<u8>, ClientE
 
 impl Client {
     /// Asks the control API at `endpoint` (e.g. `http://127.0.0.1:7070`) for
-    /// the node's data address and connects to it over TCP.
+    /// the node's data addresses and connects over the transport that
+    /// `SLUICE_TRANSPORT` names (`auto`, `rdma`, `tcp`; `auto` when unset).
     pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
+        let choice = match std::env::var(TRANSPORT_ENV) {
+            Ok(value) if !value.is_empty() => value.parse().map_err(ClientError::Rdma)?,
+            _ => TransportChoice::Auto,
+        };
+        Self::connect_with(endpoint, choice).await
+    }
+
+    /// As [`Client::connect`], with the transport chosen in code.
+    pub async fn connect_with(endpoint: &str, choice: TransportChoice) -> Result<Self, ClientError> {
         let endpoint = endpoint.to_string();
         let asked = endpoint.clone();
         let node: NodeInfo = tokio::task::spawn_blocking(move || {
@@ -124,21 +139,32 @@ impl Client {
         })
         .await
         .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
-        let addr: SocketAddr = node.data_addr.parse().map_err(|_| ClientError::BadAddress(node.data_addr.clone()))?;
         let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
-        let transport = Arc::new(TcpClient::connect(addr, &name).await?);
-        tracing::debug!("connected to {} at {addr} over tcp", node.name);
-        Ok(Self { endpoint, node, transport })
+        let (transport, transport_reason) = Transport::connect(&node, choice, &name).await?;
+        tracing::debug!("connected to {} over {} ({transport_reason})", node.name, transport.name());
+        Ok(Self { endpoint, node, transport: Arc::new(transport), transport_reason })
     }
 
     pub fn node(&self) -> &NodeInfo {
         &self.node
     }
 
-    /// The transport in use: `tcp` (RDMA is picked when a device and a node
-    /// endpoint for it exist).
+    /// The transport in use: `rdma` or `tcp`.
     pub fn transport(&self) -> &'static str {
-        "tcp"
+        self.transport.name()
+    }
+
+    /// Why that transport: the device that reaches the node, or why RDMA
+    /// was not possible.
+    pub fn transport_reason(&self) -> &str {
+        &self.transport_reason
+    }
+
+    /// A destination buffer of `len` bytes to reuse across reads; on RDMA
+    /// it is registered with the device once, so reads into it
+    /// ([`Dataset::read_into`]) land with no per-read registration.
+    pub fn buffer(&self, len: usize) -> Result<ReadBuffer, ClientError> {
+        ReadBuffer::for_transport(&self.transport, len)
     }
 
     pub async fn open(&self, name: &str) -> Result<Dataset, ClientError> {
@@ -167,7 +193,7 @@ impl Client {
 
 /// An open dataset.
 pub struct Dataset {
-    transport: Arc<TcpClient>,
+    transport: Arc<Transport>,
     handle: u32,
     info: OpenInfo,
     chunk_crcs: Option<Arc<[u32]>>,
@@ -182,6 +208,17 @@ impl Dataset {
 
     pub fn len_bytes(&self) -> u64 {
         self.info.length_bytes
+    }
+
+    /// A reusable destination buffer for this dataset's connection; see
+    /// [`Client::buffer`].
+    pub fn buffer(&self, len: usize) -> Result<ReadBuffer, ClientError> {
+        ReadBuffer::for_transport(&self.transport, len)
+    }
+
+    /// The transport this dataset is read over.
+    pub fn transport(&self) -> &'static str {
+        self.transport.name()
     }
 
     pub fn name(&self) -> &str {
@@ -206,60 +243,35 @@ impl Dataset {
     /// status per range; a bad range fails alone.
     ///
     /// `buf` is moved into the transport while the read runs and put back
-    /// before this returns, so the bytes land in it without a copy. If the
-    /// future is dropped early, `buf` is left empty.
+    /// before this returns, so the bytes land in it without a copy (on RDMA
+    /// it is registered for this read; [`Dataset::read_into`] with a
+    /// [`Client::buffer`] registers once). If the future is dropped early,
+    /// `buf` is left empty.
     pub async fn read_batch(&self, ranges: &[ReadRange], buf: &mut Vec<u8>) -> Result<Vec<RangeStatus>, ClientError> {
+        let mut landing = Landing::Plain(std::mem::take(buf));
+        let result = self.read_landing(ranges, &mut landing).await;
+        *buf = landing.into_vec();
+        result
+    }
+
+    /// As [`Dataset::read_batch`], into a reusable buffer (registered once
+    /// on RDMA when made by [`Client::buffer`]).
+    pub async fn read_into(&self, ranges: &[ReadRange], buf: &mut ReadBuffer) -> Result<Vec<RangeStatus>, ClientError> {
+        let mut landing = buf.landing.take();
+        let result = self.read_landing(ranges, &mut landing).await;
+        buf.landing = landing;
+        result
+    }
+
+    async fn read_landing(&self, ranges: &[ReadRange], landing: &mut Landing) -> Result<Vec<RangeStatus>, ClientError> {
+        let buf_len = landing.bytes().len();
         for (index, r) in ranges.iter().enumerate() {
-            if r.dest.checked_add(u64::from(r.len)).is_none_or(|end| end > buf.len() as u64) {
-                return Err(ClientError::Destination { index, dest: r.dest, len: r.len, buf_len: buf.len() });
+            if r.dest.checked_add(u64::from(r.len)).is_none_or(|end| end > buf_len as u64) {
+                return Err(ClientError::Destination { index, dest: r.dest, len: r.len, buf_len });
             }
         }
-        let limits = self.transport.limits();
-        // Pieces: (original range index, descriptor).
-        let mut batches: Vec<Vec<(usize, RangeDescriptor)>> = Vec::new();
-        let mut current = Vec::new();
-        let mut footprint = 0u64;
-        for (index, range) in ranges.iter().enumerate() {
-            let mut done = 0u32;
-            loop {
-                let len = (range.len - done).min(RANGE_PIECE_BYTES_MAX);
-                let need = footprint_bound_bytes(len);
-                if current.len() as u32 >= limits.ranges_per_batch_max
-                    || (!current.is_empty() && footprint + need > limits.batch_footprint_max_bytes)
-                {
-                    batches.push(std::mem::take(&mut current));
-                    footprint = 0;
-                }
-                current.push((
-                    index,
-                    RangeDescriptor {
-                        offset: U64::new(range.offset.saturating_add(u64::from(done))),
-                        len: U32::new(len),
-                        reserved: U32::new(0),
-                        dest: U64::new(range.dest + u64::from(done)),
-                    },
-                ));
-                footprint += need;
-                done += len;
-                if done >= range.len {
-                    break;
-                }
-            }
-        }
-        if !current.is_empty() {
-            batches.push(current);
-        }
-        let sink = Arc::new(tokio::sync::Mutex::new(std::mem::take(buf)));
-        let results = join_all(batches.iter().map(|batch| {
-            let descriptors: Vec<RangeDescriptor> = batch.iter().map(|(_, d)| *d).collect();
-            let sink = Arc::clone(&sink);
-            async move { self.transport.read_batch(self.handle, &descriptors, sink).await }
-        }))
-        .await;
-        *buf = match Arc::try_unwrap(sink) {
-            Ok(mutex) => mutex.into_inner(),
-            Err(shared) => shared.lock().await.clone(),
-        };
+        let batches = split_batches(ranges, self.transport.limits());
+        let results = self.transfer(&batches, landing).await?;
         let mut statuses = vec![RangeStatus::Ok; ranges.len()];
         for (batch, result) in batches.iter().zip(results) {
             let piece_statuses = result?;
@@ -270,14 +282,96 @@ impl Dataset {
             }
         }
         if let Some(crcs) = &self.chunk_crcs {
-            verify_chunks(crcs, self.info.length_bytes, ranges, buf, &mut statuses);
+            verify_chunks(crcs, self.info.length_bytes, ranges, landing.bytes(), &mut statuses);
         }
         Ok(statuses)
+    }
+
+    /// Runs the wire batches concurrently, landing their bytes in `landing`.
+    async fn transfer(
+        &self,
+        batches: &[Vec<(usize, RangeDescriptor)>],
+        landing: &mut Landing,
+    ) -> Result<Vec<Result<Vec<RangeStatus>, TransportError>>, ClientError> {
+        let descriptors: Vec<Vec<RangeDescriptor>> =
+            batches.iter().map(|batch| batch.iter().map(|(_, d)| *d).collect()).collect();
+        match &*self.transport {
+            Transport::Tcp(tcp) => {
+                let sink = Arc::new(tokio::sync::Mutex::new(landing.take().into_vec()));
+                let results =
+                    join_all(descriptors.iter().map(|d| tcp.read_batch(self.handle, d, Arc::clone(&sink)))).await;
+                *landing = Landing::Plain(match Arc::try_unwrap(sink) {
+                    Ok(mutex) => mutex.into_inner(),
+                    Err(shared) => shared.lock().await.clone(),
+                });
+                Ok(results)
+            }
+            #[cfg(feature = "rdma")]
+            Transport::Rdma(rdma) => {
+                use sluice_rdma::rc::RegisteredBuffer;
+                let registered = match landing.take() {
+                    Landing::Registered(buffer) if buffer.belongs_to(rdma) => buffer,
+                    other => match RegisteredBuffer::new(rdma, other.into_vec()) {
+                        Ok(buffer) => buffer,
+                        Err((err, bytes)) => {
+                            *landing = Landing::Plain(bytes);
+                            return Err(err.into());
+                        }
+                    },
+                };
+                let shared = registered.shared();
+                let results = join_all(descriptors.iter().map(|d| rdma.read_batch(self.handle, d, &shared))).await;
+                match shared.reclaim() {
+                    Ok(buffer) => *landing = Landing::Registered(buffer),
+                    Err(_) => return Err(TransportError::Lost("a read still holds the buffer".into()).into()),
+                }
+                Ok(results)
+            }
+        }
     }
 
     pub async fn close(self) -> Result<(), ClientError> {
         Ok(self.transport.close(self.handle).await?)
     }
+}
+
+/// Cuts ranges into wire batches within the node's limits, ranges longer
+/// than a piece into several pieces: `(original range index, descriptor)`.
+fn split_batches(ranges: &[ReadRange], limits: sluice_rdma::tcp::NodeLimits) -> Vec<Vec<(usize, RangeDescriptor)>> {
+    let mut batches: Vec<Vec<(usize, RangeDescriptor)>> = Vec::new();
+    let mut current = Vec::new();
+    let mut footprint = 0u64;
+    for (index, range) in ranges.iter().enumerate() {
+        let mut done = 0u32;
+        loop {
+            let len = (range.len - done).min(RANGE_PIECE_BYTES_MAX);
+            let need = footprint_bound_bytes(len);
+            if current.len() as u32 >= limits.ranges_per_batch_max
+                || (!current.is_empty() && footprint + need > limits.batch_footprint_max_bytes)
+            {
+                batches.push(std::mem::take(&mut current));
+                footprint = 0;
+            }
+            current.push((
+                index,
+                RangeDescriptor {
+                    offset: U64::new(range.offset.saturating_add(u64::from(done))),
+                    len: U32::new(len),
+                    reserved: U32::new(0),
+                    dest: U64::new(range.dest + u64::from(done)),
+                },
+            ));
+            footprint += need;
+            done += len;
+            if done >= range.len {
+                break;
+            }
+        }
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
 }
 
 /// Marks ranges whose whole chunks do not match the manifest.

@@ -722,6 +722,17 @@ impl ControlPlane {
             help: "Bytes of datasets on each namespace device.",
             samples: per_device(|d| d.used_bytes),
         });
+        let (leased, total) = self.plane.dma_slots();
+        gauges.push(Gauge {
+            name: "sluice_dma_slots",
+            help: "DMA slots of the data plane's cores.",
+            samples: vec![(vec![], total as f64)],
+        });
+        gauges.push(Gauge {
+            name: "sluice_dma_slots_leased",
+            help: "DMA slots held by batches in flight and responses not yet sent.",
+            samples: vec![(vec![], leased as f64)],
+        });
         for dir in data_dirs.iter().filter(|d| d.capacity_bytes > 0) {
             gauges.push(Gauge {
                 name: "sluice_data_dir_capacity_bytes",

@@ -9,6 +9,7 @@
 
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -132,13 +133,21 @@ pub struct SlotPool {
     returns_rx: mpsc::Receiver<Vec<u32>>,
     returns_tx: mpsc::Sender<Vec<u32>>,
     wake: Arc<dyn Fn() + Send + Sync>,
+    leased: Arc<AtomicUsize>,
 }
 
 impl SlotPool {
     pub fn new(arena: Arc<Arena>, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         let slot_count = u32::try_from(arena.slot_count()).expect("slot count fits u32");
         let (returns_tx, returns_rx) = mpsc::channel();
-        Self { arena, free: (0..slot_count).rev().collect(), returns_rx, returns_tx, wake }
+        let leased = Arc::new(AtomicUsize::new(0));
+        Self { arena, free: (0..slot_count).rev().collect(), returns_rx, returns_tx, wake, leased }
+    }
+
+    /// Slots held by leases right now, readable from any thread: what
+    /// batches in flight and unsent responses hold.
+    pub fn leased_counter(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.leased)
     }
 
     pub fn arena(&self) -> &Arc<Arena> {
@@ -167,7 +176,9 @@ impl SlotPool {
             return None;
         }
         let slots = self.free.split_off(self.free.len() - count);
+        self.leased.fetch_add(count, Ordering::Relaxed);
         Some(SlotLease {
+            leased: Arc::clone(&self.leased),
             arena: Arc::clone(&self.arena),
             slots,
             returns: self.returns_tx.clone(),
@@ -179,6 +190,7 @@ impl SlotPool {
 /// Slots owned by one batch. Dropping the lease gives them back to the core
 /// that lent them, from whatever thread drops it.
 pub struct SlotLease {
+    leased: Arc<AtomicUsize>,
     arena: Arc<Arena>,
     slots: Vec<u32>,
     returns: mpsc::Sender<Vec<u32>>,
@@ -209,6 +221,7 @@ impl Drop for SlotLease {
         if self.slots.is_empty() {
             return;
         }
+        self.leased.fetch_sub(self.slots.len(), Ordering::Relaxed);
         // A closed channel means the core is gone; the arena then lives on
         // through this lease's `Arc` and is unmapped with it.
         if self.returns.send(std::mem::take(&mut self.slots)).is_ok() {
@@ -226,10 +239,13 @@ mod tests {
     fn leases_return_their_slots() {
         let arena = Arc::new(Arena::new(8, 64 * 1024).expect("arena"));
         let mut pool = SlotPool::new(arena, Arc::new(|| {}));
+        let leased = pool.leased_counter();
         let lease = pool.take(5).expect("5 of 8 free");
         assert_eq!(pool.free_count(), 3);
+        assert_eq!(leased.load(Ordering::Relaxed), 5);
         assert!(pool.take(4).is_none(), "only 3 left");
         std::thread::spawn(move || drop(lease)).join().expect("thread");
+        assert_eq!(leased.load(Ordering::Relaxed), 0);
         pool.reclaim();
         assert_eq!(pool.free_count(), 8);
     }

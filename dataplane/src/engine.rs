@@ -184,6 +184,8 @@ pub struct DataPlane {
     config: DataPlaneConfig,
     driver_description: String,
     regions: Vec<DmaRegion>,
+    slots_total: usize,
+    leased_counters: Vec<Arc<AtomicUsize>>,
 }
 
 /// One core's DMA arena as an address range, for a transport to register
@@ -223,6 +225,8 @@ impl DataPlane {
         let mut senders = Vec::with_capacity(config.cores);
         let mut description = String::new();
         let mut regions = Vec::with_capacity(config.cores);
+        let mut slots_total = 0;
+        let mut leased_counters = Vec::with_capacity(config.cores);
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
             let parked = Arc::new(AtomicBool::new(false));
@@ -260,7 +264,9 @@ impl DataPlane {
                                 if arena.is_hugepage_backed() { ", hugepages" } else { "" }
                             );
                             let region = DmaRegion { base: arena.base_ptr() as usize, len_bytes: arena.len_bytes() };
+                            let slots = arena.slot_count();
                             let pool = SlotPool::new(Arc::new(arena), wake);
+                            let region = (region, slots, pool.leased_counter());
                             let engine = CoreEngine::new(core, queue, pool, rx, parked, &core_config);
                             let _ = ready_tx.send(Ok((line, region)));
                             engine.run();
@@ -274,8 +280,10 @@ impl DataPlane {
             let line =
                 ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
             let line = match line {
-                Ok((line, region)) => {
+                Ok((line, (region, slots, leased))) => {
                     regions.push(region);
+                    slots_total += slots;
+                    leased_counters.push(leased);
                     line
                 }
                 Err(err) => {
@@ -302,6 +310,8 @@ impl DataPlane {
             config,
             driver_description: description,
             regions,
+            slots_total,
+            leased_counters,
         })
     }
 
@@ -313,6 +323,13 @@ impl DataPlane {
     /// [`BatchResult`]'s bytes lie inside one of them.
     pub fn dma_regions(&self) -> &[DmaRegion] {
         &self.regions
+    }
+
+    /// DMA slots of every core, and how many batches and unsent responses
+    /// hold now: a leak shows as a count that never comes back down.
+    pub fn dma_slots(&self) -> (usize, usize) {
+        let leased = self.leased_counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        (leased, self.slots_total)
     }
 
     /// One line on the driver, cores and buffers, for start-up logs.

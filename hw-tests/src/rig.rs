@@ -491,7 +491,7 @@ impl Rig {
         let built = BUILT.get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             Command::new(cargo)
-                .args(["build", "--release", "-p", "sluice", "--bins"])
+                .args(["build", "--release", "-p", "sluice", "--bins", "--features", "rdma"])
                 .current_dir(workspace_root())
                 .status()
                 .map_err(|e| e.to_string())

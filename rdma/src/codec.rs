@@ -37,6 +37,9 @@ pub struct NodeInfo {
     /// Opens need a grant's token (false on a node started `--insecure`).
     #[serde(default)]
     pub grants_required: bool,
+    /// `ip:port` of the RDMA transport (rdma_cm), when the node serves one.
+    #[serde(default)]
+    pub rdma_addr: Option<String>,
 }
 
 /// What a client learns when it opens a dataset.

@@ -27,6 +27,10 @@ struct Cli {
     /// Access grant token for reads (`grant create` prints one).
     #[arg(long, global = true, env = "SLUICE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Transport for reads (`read`, `bench read`, `replay`): auto picks RDMA
+    /// when this host has a device and the node an RDMA endpoint, else TCP.
+    #[arg(long, global = true, env = "SLUICE_TRANSPORT", default_value = "auto", value_parser = ["auto", "rdma", "tcp"])]
+    transport: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -169,6 +173,10 @@ enum BenchCommand {
         /// own start) instead of random ones.
         #[arg(long)]
         sequential: bool,
+        /// A local copy of the dataset: check every read's bytes against it
+        /// and count mismatches (`mismatched_ranges`).
+        #[arg(long, value_name = "FILE")]
+        verify: Option<PathBuf>,
     },
 }
 
@@ -193,7 +201,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let api = Api { endpoint: cli.endpoint.trim_end_matches('/').to_string(), token: cli.token.clone() };
+    let api = Api {
+        endpoint: cli.endpoint.trim_end_matches('/').to_string(),
+        token: cli.token.clone(),
+        transport: cli.transport.parse()?,
+    };
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Grant(command) => grant(&api, cli.json, command),
@@ -205,7 +217,11 @@ fn run(cli: &Cli) -> Result<()> {
         Command::Replay { state, step, global_batch, dump } => {
             replay(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
         }
-        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align, sequential }) => {
+        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align, sequential, verify }) => {
+            let verify_against = match verify {
+                Some(path) => Some(Arc::new(std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?)),
+                None => None,
+            };
             let params = BenchParams {
                 size_bytes: *size,
                 batch: (*batch).max(1),
@@ -215,6 +231,7 @@ fn run(cli: &Cli) -> Result<()> {
                 seed: 0x5eed,
                 pattern: if *sequential { ReadPattern::Sequential } else { ReadPattern::Random },
                 batches_per_worker: None,
+                verify_against,
             };
             bench_read(&api, name, params, cli.json)
         }
@@ -225,9 +242,14 @@ struct Api {
     endpoint: String,
     /// The grant token reads open datasets with.
     token: Option<String>,
+    transport: sluice_client::TransportChoice,
 }
 
 impl Api {
+    async fn connect(&self) -> Result<Client> {
+        Client::connect_with(&self.endpoint, self.transport).await.map_err(|e| e.to_string())
+    }
+
     fn open_options(&self) -> sluice_client::OpenOptions {
         sluice_client::OpenOptions { token: self.token.clone(), ..Default::default() }
     }
@@ -550,7 +572,7 @@ const READ_PIECE_BYTES: u64 = 64 << 20;
 
 fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>) -> Result<()> {
     runtime()?.block_on(async {
-        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let client = api.connect().await?;
         let dataset = client.open_with(name, api.open_options()).await.map_err(|e| e.to_string())?;
         let mut out: Box<dyn Write> = match output {
             Some(path) => Box::new(File::create(path).map_err(|e| format!("{}: {e}", path.display()))?),
@@ -584,16 +606,17 @@ fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>) -> 
 
 fn bench_read(api: &Api, name: &str, params: BenchParams, json: bool) -> Result<()> {
     runtime()?.block_on(async {
-        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let client = api.connect().await?;
         let dataset = Arc::new(client.open_with(name, api.open_options()).await.map_err(|e| e.to_string())?);
         let report = readbench::run(dataset, params).await.map_err(|e| e.to_string())?;
         if json {
             let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
             value["transport"] = Value::from(client.transport());
+            value["transport_reason"] = Value::from(client.transport_reason());
             value["dataset"] = Value::from(name);
             println!("{value}");
         } else {
-            println!("{name} over {} from {}", client.transport(), client.node().name);
+            println!("{name} over {} from {} ({})", client.transport(), client.node().name, client.transport_reason());
             print!("{}", report.render());
         }
         Ok(())
@@ -622,7 +645,7 @@ fn replay(
         .ok_or_else(|| format!("no sealed dataset on this node has content hash {}", state.content_hash))?;
     let name = record.name.clone();
     let (samples, data) = runtime()?.block_on(async {
-        let client = Client::connect(&api.endpoint).await.map_err(|e| e.to_string())?;
+        let client = api.connect().await?;
         let dataset = client.open_with(&name, api.open_options()).await.map_err(|e| e.to_string())?;
         let index = match state.kind {
             sluice_client::sampler::SamplerKind::Record => {

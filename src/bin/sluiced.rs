@@ -21,6 +21,10 @@ struct Args {
     /// Control API (HTTP) address [default: 127.0.0.1:7070].
     #[arg(long)]
     control: Option<SocketAddr>,
+    /// RDMA transport address: an IP of the RDMA device, with the rdma_cm
+    /// port (e.g. 192.168.1.10:7072). Needs a build with `--features rdma`.
+    #[arg(long)]
+    rdma_listen: Option<SocketAddr>,
     /// TOML file with any NodeConfig keys; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -77,6 +81,9 @@ fn main() -> ExitCode {
     }
     if let Some(addr) = args.control {
         config.control = addr;
+    }
+    if args.rdma_listen.is_some() {
+        config.rdma_listen = args.rdma_listen;
     }
     if let Some(cores) = args.cores {
         config.cores = cores;

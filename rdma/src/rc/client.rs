@@ -35,9 +35,9 @@ fn rdma(err: VerbsError) -> TransportError {
 
 /// Memory the node may RDMA-WRITE into: a `Vec` registered with the
 /// connection's device for remote write. Registration pins it, so it is
-/// made once per buffer, not per read. Shared with the driver while reads
-/// are in flight; the bytes are reachable only through `&mut`, which an
-/// `Arc` gives only when no read holds it.
+/// made once per buffer, not per read. Its bytes are reachable only while
+/// it is owned; for reads it is [`shared`](Self::shared) into an opaque
+/// [`InFlightBuffer`] and reclaimed after.
 pub struct RegisteredBuffer {
     /// Dropped by hand, before the memory.
     region: ManuallyDrop<MemoryRegion>,
@@ -45,14 +45,26 @@ pub struct RegisteredBuffer {
 }
 
 impl RegisteredBuffer {
-    /// Registers `bytes` with `client`'s device.
-    pub fn new(client: &RdmaClient, mut bytes: Vec<u8>) -> Result<Self, TransportError> {
-        bytes.reserve(1);
+    /// Registers `bytes` with `client`'s device; on failure the bytes
+    /// come back with the error.
+    pub fn new(client: &RdmaClient, mut bytes: Vec<u8>) -> Result<Self, (TransportError, Vec<u8>)> {
+        if bytes.capacity() == 0 {
+            bytes.reserve(1);
+        }
         // SAFETY: the Vec is owned by the result and never reallocated (no
-        // method grows it); its bytes are reachable only through `&mut self`,
-        // which no read in flight can hold (they hold an `Arc` of it).
+        // method grows it); its bytes are reachable only while the buffer is
+        // owned, never while shared with reads (`InFlightBuffer` is opaque).
         let region = unsafe { client.pd.register(bytes.as_mut_ptr(), bytes.capacity(), Access::RemoteWrite) };
-        Ok(Self { region: ManuallyDrop::new(region.map_err(rdma)?), bytes: ManuallyDrop::new(bytes) })
+        match region {
+            Ok(region) => Ok(Self { region: ManuallyDrop::new(region), bytes: ManuallyDrop::new(bytes) }),
+            Err(err) => Err((rdma(err), bytes)),
+        }
+    }
+
+    /// Whether the buffer is registered with `client`'s connection (a
+    /// buffer's key means nothing to another).
+    pub fn belongs_to(&self, client: &RdmaClient) -> bool {
+        self.region.is_in(&client.pd)
     }
 
     pub fn len(&self) -> usize {
@@ -63,8 +75,18 @@ impl RegisteredBuffer {
         self.bytes.is_empty()
     }
 
-    pub fn bytes(&mut self) -> &mut [u8] {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.bytes
+    }
+
+    /// Hands the buffer to reads; no byte is reachable until it is
+    /// reclaimed.
+    pub fn shared(self) -> InFlightBuffer {
+        InFlightBuffer(Arc::new(self))
     }
 
     /// Deregisters the buffer and gives its bytes back.
@@ -88,6 +110,18 @@ impl Drop for RegisteredBuffer {
     }
 }
 
+/// A registered buffer that reads may be writing. Opaque: the bytes come
+/// back with [`reclaim`](Self::reclaim) once no read holds it.
+pub struct InFlightBuffer(Arc<RegisteredBuffer>);
+
+impl InFlightBuffer {
+    /// The buffer, unless a read (one whose caller stopped waiting, with
+    /// the node still writing) holds it.
+    pub fn reclaim(self) -> Result<RegisteredBuffer, Self> {
+        Arc::try_unwrap(self.0).map_err(Self)
+    }
+}
+
 enum Command {
     Control { frame: Vec<u8>, reply: Option<oneshot::Sender<ControlMessage>> },
     Batch { frame: Vec<u8>, batch_id: u64, pending: Pending },
@@ -96,8 +130,17 @@ enum Command {
 struct Pending {
     range_count: u32,
     /// Kept until the reply (or teardown): the node writes into it.
-    _target: Arc<RegisteredBuffer>,
+    target: InFlightBuffer,
     done: oneshot::Sender<Result<Vec<RangeStatus>, TransportError>>,
+}
+
+impl Pending {
+    /// Lets go of the buffer, then wakes the caller, who may reclaim it.
+    fn finish(self, result: Result<Vec<RangeStatus>, TransportError>) {
+        let Self { target, done, .. } = self;
+        drop(target);
+        let _ = done.send(result);
+    }
 }
 
 /// One RDMA connection to a node's data plane.
@@ -253,7 +296,7 @@ impl RdmaClient {
         &self,
         handle: u32,
         ranges: &[RangeDescriptor],
-        target: &Arc<RegisteredBuffer>,
+        target: &InFlightBuffer,
     ) -> Result<Vec<RangeStatus>, TransportError> {
         assert!(ranges.len() <= self.limits.ranges_per_batch_max as usize, "caller must split batches");
         let _credit = self.credits.acquire().await.map_err(|_| self.lost_error())?;
@@ -262,10 +305,10 @@ impl RdmaClient {
             batch_id: U64::new(batch_id),
             handle: U32::new(handle),
             range_count: U32::new(ranges.len() as u32),
-            rkey: U32::new(target.region.rkey()),
+            rkey: U32::new(target.0.region.rkey()),
             reserved: U32::new(0),
-            remote_addr: U64::new(target.region.addr()),
-            remote_len: U64::new(target.len() as u64),
+            remote_addr: U64::new(target.0.region.addr()),
+            remote_len: U64::new(target.0.len() as u64),
         };
         if !wire::destinations_fit(&header, ranges) {
             return Err(TransportError::Protocol("a destination lies outside the registered buffer".into()));
@@ -273,7 +316,7 @@ impl RdmaClient {
         let mut frame = Vec::with_capacity(wire::FrameHeader::SIZE + REQUEST_SLOT_BYTES.min(4096));
         wire::encode_rdma_batch_request(&mut frame, &header, ranges);
         let (done, rx) = oneshot::channel();
-        let pending = Pending { range_count: ranges.len() as u32, _target: Arc::clone(target), done };
+        let pending = Pending { range_count: ranges.len() as u32, target: InFlightBuffer(Arc::clone(&target.0)), done };
         self.commands.send(Command::Batch { frame, batch_id, pending }).await.map_err(|_| self.lost_error())?;
         rx.await.map_err(|_| self.lost_error())?
     }
@@ -325,7 +368,7 @@ impl Driver {
         drop(control_replies);
         drop(queued);
         for (_, pending) in pending {
-            let _ = pending.done.send(Err(TransportError::Lost(why.clone())));
+            pending.finish(Err(TransportError::Lost(why.clone())));
         }
     }
 
@@ -461,14 +504,14 @@ fn receive(
             let status = BatchStatus::from_u32(head.status.get())
                 .ok_or_else(|| TransportError::Protocol(format!("batch status {}", head.status.get())))?;
             if status != BatchStatus::Ok {
-                let _ = waiting.done.send(Err(TransportError::Batch(status)));
+                waiting.finish(Err(TransportError::Batch(status)));
                 return Ok(());
             }
             let decoded: Result<Vec<RangeStatus>, _> = statuses[..range_count as usize]
                 .iter()
                 .map(|&b| RangeStatus::from_u8(b).ok_or_else(|| TransportError::Protocol(format!("range status {b}"))))
                 .collect();
-            let _ = waiting.done.send(decoded);
+            waiting.finish(decoded);
             Ok(())
         }
         other => Err(TransportError::Protocol(format!("node sent a {other:?} frame on RDMA"))),

@@ -14,7 +14,7 @@
 mod client;
 mod server;
 
-pub use client::{RdmaClient, RegisteredBuffer};
+pub use client::{InFlightBuffer, RdmaClient, RegisteredBuffer};
 pub use server::{ListenError, RdmaListener};
 
 use crate::wire::{FrameHeader, CONTROL_PAYLOAD_MAX_BYTES, RDMA_REQUEST_PAYLOAD_MAX_BYTES};

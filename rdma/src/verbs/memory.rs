@@ -122,6 +122,11 @@ impl MemoryRegion {
         self.addr
     }
 
+    /// Whether the region lives in `pd` (its keys mean nothing elsewhere).
+    pub fn is_in(&self, pd: &ProtectionDomain) -> bool {
+        Arc::ptr_eq(&self._pd.0, &pd.0)
+    }
+
     pub fn len_bytes(&self) -> u64 {
         self.len
     }
