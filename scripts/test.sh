@@ -14,6 +14,8 @@ $SUDO apt-get update -q
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
 # python3 + venv + pip: the `sluice` Python package and its pytest suite.
 # clang + libbpf-dev: rebuild the BPF programs to check the committed objects.
+# libibverbs-dev + librdmacm-dev: the RDMA transport (feature
+# `rdma`: rdma-sys links rdma-core; its bindgen uses the libclang clang brings).
 # The rig (hw-tests): QEMU, a static busybox and cpio for the initramfs, kmod
 # for the guest kernel's module closure; in the guests (which run this
 # machine's root): iproute2 + rdma-core (rxe), ibverbs-utils and perftest
@@ -22,7 +24,7 @@ $SUDO apt-get update -q
 # valgrind (callgrind instruction counts), a font for the plots.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
-    clang libbpf-dev \
+    clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
     nbdkit nginx-light wrk valgrind fonts-dejavu-core
 
@@ -39,11 +41,13 @@ cargo fmt --manifest-path client/python/Cargo.toml -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 echo "== lint"
+# Without the `rdma` feature (a build needing no rdma-core) and with it.
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features rdma -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 
 echo "== tests"
-cargo test --workspace --exclude hw-tests --no-fail-fast
+cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.

@@ -61,6 +61,8 @@ fn serve_rdma(
 pub struct Node {
     pub control_addr: SocketAddr,
     pub data_addr: SocketAddr,
+    /// Where the RDMA transport listens, when it does.
+    pub rdma_addr: Option<SocketAddr>,
     pub control: Arc<ControlPlane>,
     plane: Arc<DataPlane>,
     shutdown: watch::Sender<bool>,
@@ -215,7 +217,8 @@ impl Node {
             }
         }
         tasks.push(control_task);
-        Ok(Self { control_addr, data_addr, control, plane, shutdown, tasks })
+        let rdma_addr = config.rdma_listen;
+        Ok(Self { control_addr, data_addr, rdma_addr, control, plane, shutdown, tasks })
     }
 
     /// Drops root for `user` once devices, DMA memory and ports are held:

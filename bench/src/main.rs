@@ -7,6 +7,7 @@
 
 mod callgrind;
 mod procs;
+mod rdma;
 mod report;
 mod runners;
 mod workload;
@@ -50,11 +51,25 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// sluice's RDMA transport next to perftest (ib_write_bw, ib_read_bw) on
+    /// the rig's soft-RoCE pair (or real devices via SLUICE_HW_*); writes
+    /// rdma.md and rdma.json.
+    Rdma {
+        /// Seconds each run lasts.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Where the report goes [default: bench/results/<date>].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
-    let Cmd::All { short, seconds, data_mib, out } = Cli::parse().command;
-    match run_all(short, seconds, data_mib, out) {
+    let outcome = match Cli::parse().command {
+        Cmd::All { short, seconds, data_mib, out } => run_all(short, seconds, data_mib, out),
+        Cmd::Rdma { seconds, out } => run_rdma(seconds, out),
+    };
+    match outcome {
         Ok(report) => {
             println!("report: {}", report.display());
             ExitCode::SUCCESS
@@ -64,6 +79,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_rdma(seconds: u64, out: Option<PathBuf>) -> Result<PathBuf, String> {
+    let out = layout(false, out)?.out;
+    let markdown = rdma::run(seconds.max(1), &out)?;
+    print!("{markdown}");
+    Ok(out.join("rdma.md"))
 }
 
 /// Paths the suite works with.

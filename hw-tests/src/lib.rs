@@ -17,4 +17,4 @@ mod prereq;
 mod rig;
 
 pub use prereq::{require, Missing};
-pub use rig::{Host, NvmeController, Rig, RigBuilder, RigError, RigOutput};
+pub use rig::{Host, NvmeController, Rig, RigBuilder, RigError, RigOutput, SLUICE_CONTROL_PORT, SLUICE_DATA_PORT};

@@ -12,6 +12,10 @@ use crate::guest::Guest;
 use crate::prereq::{find_program, Missing};
 use crate::{initramfs, kernel};
 
+/// Ports `Rig::start_sluiced` gives the node's data plane and control API.
+pub const SLUICE_DATA_PORT: u16 = 7071;
+pub const SLUICE_CONTROL_PORT: u16 = 7070;
+
 /// The two roles a rig has. One host gets only the storage node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Host {
@@ -522,6 +526,38 @@ impl Rig {
     }
 
     /// A scratch directory on a host's own (non-shared) filesystem.
+    /// Starts `sluiced` on the storage host (one core, data under its
+    /// scratch directory, log `sluiced.log` in the shared directory, pid in
+    /// `<scratch>/sluiced.pid`) serving on `addr` with the ports in
+    /// [`SLUICE_DATA_PORT`] and [`SLUICE_CONTROL_PORT`], and waits until its
+    /// control API is up.
+    pub fn start_sluiced(&self, addr: &str, args: &str) -> Result<(), RigError> {
+        let sluiced = self.sluice_binary("sluiced")?;
+        let (_, shared) = self.shared_dir();
+        let scratch = self.scratch_dir(Host::Storage);
+        self.sh(
+            Host::Storage,
+            &format!(
+                "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 \
+                 --listen {addr}:{SLUICE_DATA_PORT} --control {addr}:{SLUICE_CONTROL_PORT} {args} \
+                 > {shared}/sluiced.log 2>&1 & echo $! > {scratch}/sluiced.pid"
+            ),
+        )?;
+        let ready = self.exec_with(
+            Host::Storage,
+            &format!(
+                "while kill -0 $(cat {scratch}/sluiced.pid) 2>/dev/null; do \
+                   grep -q 'control API on' {shared}/sluiced.log && exit 0; sleep 0.2; done; \
+                 cat {shared}/sluiced.log; exit 1"
+            ),
+            Duration::from_secs(120),
+        )?;
+        if !ready.success() {
+            return Err(RigError::Command { what: "starting sluiced".into(), status: 1, stderr: ready.stdout });
+        }
+        Ok(())
+    }
+
     pub fn scratch_dir(&self, host: Host) -> String {
         match &self.backend {
             Backend::Guests { .. } => format!("/root/rig-{}", host.name()),

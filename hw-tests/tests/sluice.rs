@@ -3,13 +3,8 @@
 //! serves it over TCP across the virtual wire to `sluicectl` in the training
 //! guest, byte-exact.
 
-
-use hw_tests::{require, Host, Rig};
+use hw_tests::{require, Host, Rig, SLUICE_CONTROL_PORT as CONTROL_PORT};
 use rand::{Rng, SeedableRng};
-
-mod common;
-
-use common::{start_sluiced, CONTROL_PORT};
 
 const DATASET_BYTES: usize = 24 << 20;
 
@@ -32,7 +27,8 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
 
-    start_sluiced(&rig, &storage, &format!("--namespace-device {dev1} --namespace-device {dev2}"));
+    rig.start_sluiced(&storage, &format!("--namespace-device {dev1} --namespace-device {dev2}"))
+        .expect("start sluiced");
 
     // The operator's side, on the storage host.
     let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
@@ -133,7 +129,8 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     assert_eq!(attached(&rig), [1], "namespaces 2 and 3 start detached");
     let scratch = rig.scratch_dir(Host::Storage);
     let endpoint = format!("http://127.0.0.1:{CONTROL_PORT}");
-    start_sluiced(&rig, "127.0.0.1", &format!("--insecure --nvme-controller /dev/{}", controller.name));
+    rig.start_sluiced("127.0.0.1", &format!("--insecure --nvme-controller /dev/{}", controller.name))
+        .expect("start sluiced");
     let ctl = |args: &str| rig.sh(Host::Storage, &format!("{sluicectl} --endpoint {endpoint} {args}"));
     let stat = |name: &str| -> serde_json::Value {
         serde_json::from_str(&ctl(&format!("--json dataset stat {name}")).expect("stat")).expect("stat json")

@@ -5,12 +5,9 @@
 //! source), with eight clients at once, and with a client killed mid-batch
 //! leaving the node healthy and its DMA slots returned.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{start_sluiced, CONTROL_PORT};
-use hw_tests::{require, Host, Rig};
+use hw_tests::{require, Host, Rig, SLUICE_CONTROL_PORT as CONTROL_PORT};
 use rand::{Rng, SeedableRng};
 
 const DATASET_BYTES: usize = 32 << 20;
@@ -48,7 +45,8 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
 
-    start_sluiced(&rig, &storage, &format!("--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT}"));
+    rig.start_sluiced(&storage, &format!("--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT}"))
+        .expect("start sluiced");
     let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
     assert!(log.contains(&format!("RDMA transport on {storage}:{RDMA_PORT}")), "{log}");
     let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
@@ -60,7 +58,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let denied = rig
         .exec(
             Host::Training,
-            &format!("{sluicectl} --endpoint {endpoint} --transport rdma read tokens --len 1 -o /tmp/x"),
+            &format!("{sluicectl} --endpoint {endpoint} --transport rdma read tokens --offset 0 --len 1 -o /tmp/x"),
         )
         .expect("run read");
     assert!(!denied.success() && denied.stderr.contains("needs a grant"), "{}", denied.stderr);

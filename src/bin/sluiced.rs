@@ -140,6 +140,9 @@ async fn run(config: NodeConfig) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "sluiced: control API on {}", node.control_url());
     let _ = writeln!(out, "sluiced: data plane (tcp) on {}", node.data_addr);
+    if let Some(addr) = node.rdma_addr {
+        let _ = writeln!(out, "sluiced: data plane (rdma) on {addr}");
+    }
     let _ = writeln!(out, "sluiced: {} ; data in {}", node.describe(), data_dir.display());
     let _ = out.flush();
     drop(out);

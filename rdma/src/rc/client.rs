@@ -163,7 +163,6 @@ async fn expect(
     addr: SocketAddr,
 ) -> Result<(), TransportError> {
     loop {
-        let mut guard = events.readable().await.map_err(TransportError::Io)?;
         match events.get_ref().next_event().map_err(rdma)? {
             Some(event) if event.kind == want => return Ok(()),
             Some(event) if event.kind == CmEventKind::Rejected => {
@@ -178,7 +177,8 @@ async fn expect(
                     event.kind, event.status
                 )))
             }
-            None => guard.clear_ready(),
+            // Cleared before the next read: an event after it wakes us.
+            None => events.readable().await.map_err(TransportError::Io)?.clear_ready(),
         }
     }
 }
@@ -387,9 +387,9 @@ impl Driver {
                     self.flush()?;
                 }
                 ready = cq.readable() => {
-                    let mut guard = ready.map_err(TransportError::Io)?;
+                    // Clear, drain and re-arm, then poll (see the server).
+                    ready.map_err(TransportError::Io)?.clear_ready();
                     self.qp.cq().take_events().map_err(rdma)?;
-                    guard.clear_ready();
                     loop {
                         completions.clear();
                         if self.qp.cq().poll(&mut completions, 64).map_err(rdma)? == 0 {
@@ -421,7 +421,7 @@ impl Driver {
                     self.flush()?;
                 }
                 ready = events.readable() => {
-                    let mut guard = ready.map_err(TransportError::Io)?;
+                    ready.map_err(TransportError::Io)?.clear_ready();
                     loop {
                         match events.get_ref().next_event().map_err(rdma)? {
                             Some(event) if event.kind == CmEventKind::Disconnected => {
@@ -431,7 +431,7 @@ impl Driver {
                                 return Err(TransportError::Lost(format!("connection failed: {}", event.kind)))
                             }
                             Some(_) => {}
-                            None => { guard.clear_ready(); break; }
+                            None => break,
                         }
                     }
                 }
