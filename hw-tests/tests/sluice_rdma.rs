@@ -3,7 +3,8 @@
 //! training guest reads it, the node RDMA-WRITEing each range into the
 //! client's registered buffer. Byte-exact (every read checked against the
 //! source), with eight clients at once, and with a client killed mid-batch
-//! leaving the node healthy and its DMA slots returned.
+//! leaving the node healthy and its DMA slots returned; the node registers
+//! no memory a peer could reach.
 
 use std::time::Duration;
 
@@ -125,15 +126,43 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     }
 
     // A client killed mid-batch: the node stays up, serves the next client,
-    // and every DMA slot comes back.
+    // and every DMA slot comes back. While it reads, the memory regions on
+    // both hosts show who exposes what.
     rig.sh(
         Host::Training,
         &format!(
             "setsid {read} bench read tokens --size 1048577 --align 1 --batch 8 --inflight 4 --seconds 120 \
-             > /dev/null 2>&1 & echo $! > /tmp/victim.pid; sleep 4; kill -9 $(cat /tmp/victim.pid)"
+             > /dev/null 2>&1 & echo $! > /tmp/victim.pid; sleep 4"
         ),
     )
-    .expect("kill a client mid-batch");
+    .expect("start a client");
+    let regions = |host: Host| -> Vec<serde_json::Value> {
+        let text = rig.sh(host, "rdma -j resource show mr").expect("rdma resource show mr");
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("rdma -j res show mr ({e}): {text}"))
+    };
+    let node_regions = regions(Host::Storage);
+    let client_regions = regions(Host::Training);
+    if rig.is_emulated() {
+        // rxe gives a region an rkey only when it allows remote access.
+        let arena = 64u64 << 20;
+        assert!(node_regions.iter().any(|mr| mr["mrlen"] == arena), "the DMA arena is registered: {node_regions:?}");
+        assert!(node_regions.len() >= 3, "arena plus a connection's message slots: {node_regions:?}");
+        for mr in &node_regions {
+            assert_eq!(mr["rkey"], "0", "the node registered memory with remote access: {mr}");
+        }
+        assert!(
+            client_regions.iter().any(|mr| mr["rkey"] != "0"),
+            "the client's destination buffer allows remote write (else the check above proves nothing): \
+             {client_regions:?}"
+        );
+    } else {
+        eprintln!(
+            "skipped the remote-access check: only rxe reports rkey 0 for local-only regions \
+             ({} node regions)",
+            node_regions.len()
+        );
+    }
+    rig.sh(Host::Training, "kill -9 $(cat /tmp/victim.pid)").expect("kill the client mid-batch");
     let leased = rig
         .exec_with(
             Host::Training,

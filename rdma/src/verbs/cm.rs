@@ -183,10 +183,10 @@ impl RawAddr {
     }
 }
 
-/// Connection parameters: no RDMA READ either way, retries without end on
-/// receiver-not-ready (the peer reposts receives), seven on transport errors
-/// so a vanished peer is noticed.
-fn conn_params() -> rdma_conn_param {
+/// Connection parameters: no RDMA READ either way, seven retries on
+/// transport errors so a vanished peer is noticed, and `rnr_retry_count`
+/// receiver-not-ready retries for this side's sends (7: without end).
+fn conn_params(rnr_retry_count: u8) -> rdma_conn_param {
     rdma_conn_param {
         private_data: ptr::null(),
         private_data_len: 0,
@@ -194,7 +194,7 @@ fn conn_params() -> rdma_conn_param {
         initiator_depth: 0,
         flow_control: 1,
         retry_count: 7,
-        rnr_retry_count: 7,
+        rnr_retry_count,
         srq: 0,
         qp_num: 0,
     }
@@ -234,14 +234,19 @@ impl CmId {
         check("rdma_resolve_route", unsafe { rdma_sys::rdma_resolve_route(self.raw, timeout_ms) })
     }
 
+    /// Connects; this side's sends wait for the peer's receives without
+    /// end (the node reposts them as it reads requests).
     pub fn connect(&self) -> Result<(), VerbsError> {
-        let mut params = conn_params();
+        let mut params = conn_params(7);
         // SAFETY: live id with a QP; params outlive the call.
         check("rdma_connect", unsafe { rdma_sys::rdma_connect(self.raw, &mut params) })
     }
 
+    /// Accepts; this side's sends give up after six receiver-not-ready
+    /// retries, so a peer that stops posting receives cannot hold the
+    /// node's buffers: its connection fails and they come back.
     pub fn accept(&self) -> Result<(), VerbsError> {
-        let mut params = conn_params();
+        let mut params = conn_params(6);
         // SAFETY: live id of a connect request, with a QP.
         check("rdma_accept", unsafe { rdma_sys::rdma_accept(self.raw, &mut params) })
     }
