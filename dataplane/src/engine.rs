@@ -524,6 +524,11 @@ impl CoreEngine {
                         tracing::error!(core = self.id, "waiting for completions: {err}");
                     }
                 }
+            } else if self.units_to_push() {
+                // The queue drained with units still to push (batches with
+                // more units than the queue is deep): push them now; parking
+                // would wait for a message that may never come.
+                continue;
             } else if !self.stopping {
                 self.park();
             }
@@ -532,6 +537,15 @@ impl CoreEngine {
             let _ = batch.reply.send(Err(SubmitError::Shutdown));
         }
         tracing::debug!(core = self.id, "data-plane core stopped");
+    }
+
+    /// Whether an admitted batch still has units or block retries that did
+    /// not fit the queue.
+    fn units_to_push(&self) -> bool {
+        self.active
+            .iter()
+            .flatten()
+            .any(|batch| batch.units_pushed < batch.plan.units.len() || !batch.retries.is_empty())
     }
 
     /// Blocks until a message arrives. Slot returns wake it through `Wake`.
@@ -998,6 +1012,52 @@ mod tests {
             );
         });
         plane.shutdown();
+    }
+
+    /// A batch of more I/O units than the queue is deep completes: when the
+    /// queue drains with units still to push, the core pushes them instead
+    /// of parking (it once parked there and waited for a message that never
+    /// came, on both backends).
+    #[test]
+    fn batches_of_more_units_than_the_queue_holds_complete() {
+        let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let drivers: [(Arc<dyn BlockDriver>, NamespaceSpec); 2] = [
+            (
+                Arc::new(UringDriver::new(IoMode::Direct)),
+                NamespaceSpec::File { path: dir.path().join("ns"), create: true },
+            ),
+            (Arc::new(MemDriver), NamespaceSpec::Mem),
+        ];
+        for (driver, spec) in drivers {
+            let ns = driver.open_namespace(&spec).expect("namespace");
+            ns.write_at(0, &data).expect("write");
+            ns.sync().expect("sync");
+            let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
+            let plane = DataPlane::start(driver, config).expect("start");
+            let view = DatasetView {
+                dataset_id: 1,
+                namespace: ns,
+                base_offset_bytes: 0,
+                length_bytes: data.len() as u64,
+                chunk_crcs: Arc::from([]),
+            };
+            runtime().block_on(async {
+                let slot = plane.attach(Arc::new(view)).await.expect("attach");
+                // 100 ranges 64 KiB apart: 100 units for a queue of 4.
+                let ranges: Vec<ByteRange> =
+                    (0..100u64).map(|i| ByteRange { offset_bytes: i * 65_536 + 7, len_bytes: 3001 }).collect();
+                for _ in 0..3 {
+                    let read = plane.read(slot, ranges.clone());
+                    let result = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                        .await
+                        .expect("the batch completes")
+                        .expect("batch");
+                    assert_batch_exact(&data, &ranges, &result);
+                }
+            });
+            plane.shutdown();
+        }
     }
 
     /// Many batches in flight share a small pool: slots held by unsent

@@ -190,6 +190,12 @@ enum Format {
 type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
+    // Warnings (such as a fallback from RDMA to TCP) go to stderr;
+    // SLUICE_LOG=debug shows more.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,

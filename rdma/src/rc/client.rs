@@ -401,12 +401,16 @@ impl Driver {
                             }
                             let slot = wc.wr_id as u32;
                             match wc.wr_id & WR_TAG_MASK {
-                                WR_SEND => self.free_send.push(slot),
+                                WR_SEND => {
+                                    tracing::trace!(slot, "request sent");
+                                    self.free_send.push(slot);
+                                }
                                 WR_RECV => {
                                     // SAFETY: the receive completed; the
                                     // slot is reposted only after this.
                                     let bytes = unsafe { self.recv.slot(slot as usize) };
                                     let len = (wc.byte_len as usize).min(bytes.len());
+                                    tracing::trace!(slot, len, pending = self.pending.len(), "message received");
                                     let outcome = receive(&bytes[..len], &mut self.pending, &mut self.control_replies);
                                     // SAFETY: as at connect; the message was
                                     // consumed above.

@@ -391,6 +391,7 @@ impl<R: DatasetResolver> Session<R> {
                     }
                 }
                 Some(done) = reading.next(), if !reading.is_empty() => {
+                    tracing::trace!(client = self.client_id, batch = done.batch_id, "batch read");
                     self.waiting.push_back(Outgoing::Batch(done));
                     self.flush()?;
                 }
@@ -448,6 +449,7 @@ impl<R: DatasetResolver> Session<R> {
             return;
         };
         self.send_queue_free += done.work_requests;
+        tracing::trace!(client = self.client_id, slot, free = self.send_queue_free, "send completed");
         if done.is_batch {
             self.batches_in_flight -= 1;
         }
@@ -463,6 +465,7 @@ impl<R: DatasetResolver> Session<R> {
                 }
             }
             Incoming::Batch { batch_id, handle, target, ranges, fits } => {
+                tracing::trace!(client = self.client_id, batch = batch_id, ranges = ranges.len(), "batch requested");
                 if !self.greeted {
                     return Err(Fatal::Protocol("the first message must be Hello".into()));
                 }
@@ -574,6 +577,13 @@ impl<R: DatasetResolver> Session<R> {
         while let Some(next) = self.waiting.pop_front() {
             if let Err(next) = self.post(next)? {
                 self.waiting.push_front(next);
+                tracing::trace!(
+                    client = self.client_id,
+                    waiting = self.waiting.len(),
+                    slots = self.free_send.len(),
+                    free = self.send_queue_free,
+                    "responses wait for room"
+                );
                 break;
             }
         }
@@ -647,6 +657,7 @@ impl<R: DatasetResolver> Session<R> {
         // `destinations_fit`; the client's NIC enforces it too).
         unsafe { self.qp.post_send(&requests) }?;
         self.send_queue_free -= work_requests;
+        tracing::trace!(client = self.client_id, slot, work_requests, free = self.send_queue_free, "posted");
         let (is_batch, batch) = match outgoing {
             Outgoing::Batch(completed) => (true, completed.outcome.ok()),
             Outgoing::Control(_) => (false, None),
