@@ -16,7 +16,7 @@ use zerocopy::FromBytes;
 use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
-use super::{RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
+use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::tcp::{control_frame, NodeLimits, TransportError};
 use crate::verbs::{
@@ -210,6 +210,7 @@ impl RdmaClient {
             // driver after the QP (dropped later); untouched while posted.
             unsafe { qp.post_recv(WR_RECV | slot as u64, recv.sge(slot, RESPONSE_SLOT_BYTES)) }.map_err(rdma)?;
         }
+        qp.id().set_ack_timeout(ACK_TIMEOUT_EXPONENT).map_err(rdma)?;
         qp.id().connect().map_err(rdma)?;
         tokio::time::timeout(CONNECT_TIMEOUT, expect(&events, CmEventKind::Established, addr))
             .await

@@ -28,6 +28,10 @@ const CONTROL_MESSAGES_MAX: u32 = 4;
 const REQUEST_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + RDMA_REQUEST_PAYLOAD_MAX_BYTES as usize);
 /// A message slot holding any response or control message.
 const RESPONSE_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + CONTROL_PAYLOAD_MAX_BYTES as usize);
+/// ACK timeout exponent for both sides: 4.096 µs × 2^16 ≈ 270 ms before a
+/// lost packet is sent again, seven times; a vanished peer is noticed in
+/// about two seconds, and a lost packet never stalls a connection.
+const ACK_TIMEOUT_EXPONENT: u8 = 16;
 /// How long rdma_cm may take to resolve an address or route.
 const RESOLVE_TIMEOUT_MS: i32 = 5000;
 /// Work-request ids: the low 32 bits are a slot, the tag says which kind.

@@ -15,7 +15,7 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
-use super::{WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
+use super::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
 use crate::codec::{self, ControlMessage, ErrorCode};
 use crate::metrics::{DatasetCounters, Lane};
 use crate::tcp::{control_frame, DatasetResolver, Opened, ServerConfig};
@@ -213,6 +213,7 @@ struct InFlight {
     work_requests: u32,
     /// Whether it answers a batch (which holds a credit until then).
     is_batch: bool,
+    posted: Instant,
     /// The DMA slots the WRITEs read from, for batches.
     _batch: Option<BatchResult>,
 }
@@ -288,7 +289,7 @@ impl<R: DatasetResolver> Session<R> {
                 return Err(err);
             }
         }
-        if let Err(err) = qp.id().accept() {
+        if let Err(err) = qp.id().set_ack_timeout(ACK_TIMEOUT_EXPONENT).and_then(|()| qp.id().accept()) {
             let _ = qp.id().reject();
             return Err(err);
         }
@@ -359,6 +360,12 @@ impl<R: DatasetResolver> Session<R> {
         let mut revocations = self.resolver.revocations();
         let mut reading: FuturesUnordered<Reading> = FuturesUnordered::new();
         let mut completions = Vec::with_capacity(64);
+        // A response whose SEND never completes (a client that stopped
+        // posting receives is cut off by the RNR limit; a wedged link is
+        // not) must not hold its DMA slots for ever: as on TCP, the write
+        // timeout ends the connection.
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 ready = cq.readable() => {
@@ -394,6 +401,16 @@ impl<R: DatasetResolver> Session<R> {
                     tracing::trace!(client = self.client_id, batch = done.batch_id, "batch read");
                     self.waiting.push_back(Outgoing::Batch(done));
                     self.flush()?;
+                }
+                _ = watchdog.tick() => {
+                    let oldest = self.in_flight.iter().flatten().map(|f| f.posted).min();
+                    if let Some(posted) = oldest.filter(|p| p.elapsed() > self.config.write_timeout) {
+                        return Err(Fatal::Completion(format!(
+                            "a response posted {:?} ago has not completed (timeout {:?}): the client or the link is stuck",
+                            posted.elapsed(),
+                            self.config.write_timeout
+                        )));
+                    }
                 }
                 changed = revocations.changed() => {
                     if changed.is_err() {
@@ -662,7 +679,8 @@ impl<R: DatasetResolver> Session<R> {
             Outgoing::Batch(completed) => (true, completed.outcome.ok()),
             Outgoing::Control(_) => (false, None),
         };
-        self.in_flight[slot as usize] = Some(InFlight { work_requests, is_batch, _batch: batch });
+        self.in_flight[slot as usize] =
+            Some(InFlight { work_requests, is_batch, posted: Instant::now(), _batch: batch });
         Ok(Ok(()))
     }
 

@@ -210,6 +210,26 @@ impl CmId {
         Ok(Self { raw, channel: Arc::clone(channel) })
     }
 
+    /// Sets the local ACK timeout to 4.096 µs × 2^`exponent`: how long a
+    /// sent packet waits for its acknowledgement before it is sent again
+    /// (seven times, then the work request fails). Before connect/accept.
+    pub fn set_ack_timeout(&self, exponent: u8) -> Result<(), VerbsError> {
+        // From rdma_cma.h, whose option enums bindgen leaves unnamed.
+        const RDMA_OPTION_ID: i32 = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+        let mut value = exponent;
+        // SAFETY: live id; the option is one byte, read during the call.
+        check("rdma_set_option(ACK_TIMEOUT)", unsafe {
+            rdma_sys::rdma_set_option(
+                self.raw,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_ACK_TIMEOUT,
+                (&mut value as *mut u8).cast(),
+                1,
+            )
+        })
+    }
+
     pub fn bind(&self, addr: SocketAddr) -> Result<(), VerbsError> {
         let mut raw_addr = RawAddr::new(addr);
         // SAFETY: live id; the address outlives the call.
