@@ -174,6 +174,12 @@ fn hostile_clients_do_not_hurt_good_ones() {
         "descriptors come back: {} now, {fds_before} before",
         node.fd_count()
     );
+    assert!(
+        eventually(10, || node.gauge("sluice_dma_slots_leased") == Some(0.0)),
+        "every DMA slot comes back: {:?} still leased",
+        node.gauge("sluice_dma_slots_leased")
+    );
+    assert!(node.gauge("sluice_dma_slots").is_some_and(|slots| slots > 0.0));
     let dataset = Client::connect(&node.endpoint).expect("connect").open("data").expect("open");
     let mut buf = vec![0u8; 1 << 20];
     let statuses = dataset.read_batch(&[ReadRange { offset: 0, len: 1 << 20, dest: 0 }], &mut buf).expect("read");

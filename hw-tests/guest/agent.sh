@@ -11,6 +11,13 @@ hostname "$host"
 ip link set lo up
 if [ -n "$RIG_ADDR" ]; then
     ip addr add "$RIG_ADDR/24" dev eth0 && ip link set eth0 up || echo "rig: network setup failed"
+    # A permanent neighbour entry: when an ARP entry goes stale, the kernel
+    # re-probes and drops what overflows its small queue meanwhile; a burst
+    # of soft-RoCE packets lost that way sends rxe into a retry it does not
+    # always recover from.
+    if [ -n "$RIG_PEER_ADDR" ]; then
+        ip neigh replace "$RIG_PEER_ADDR" lladdr "$RIG_PEER_MAC" dev eth0 nud permanent || echo "rig: neighbour setup failed"
+    fi
 fi
 if [ "$RIG_RDMA" = 1 ]; then
     rdma link add rxe0 type rxe netdev eth0 || echo "rig: rxe setup failed"

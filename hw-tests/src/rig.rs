@@ -47,6 +47,11 @@ impl Host {
             Self::Training => "10.77.0.2",
         }
     }
+
+    /// The MAC of the host's wire interface (QEMU's `virtio-net-pci,mac=`).
+    fn wire_mac(self) -> String {
+        format!("52:54:00:77:00:{:02x}", self.index() + 1)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -374,6 +379,8 @@ impl Rig {
             let mut env = String::new();
             if spec.hosts > 1 {
                 env += &format!("RIG_ADDR={}\n", host.wire_addr());
+                let peer = if host == Host::Storage { Host::Training } else { Host::Storage };
+                env += &format!("RIG_PEER_ADDR={}\nRIG_PEER_MAC={}\n", peer.wire_addr(), peer.wire_mac());
             }
             if spec.rdma {
                 env += "RIG_RDMA=1\n";
@@ -633,7 +640,7 @@ fn qemu_args(
             Host::Training => format!("connect=127.0.0.1:{wire_port}"),
         };
         push(&["-netdev", &format!("socket,id=wire,{end}")]);
-        push(&["-device", &format!("virtio-net-pci,netdev=wire,mac=52:54:00:77:00:{:02x}", host.index() + 1)]);
+        push(&["-device", &format!("virtio-net-pci,netdev=wire,mac={}", host.wire_mac())]);
     }
     if storage_with_nvme {
         let images = run_dir.join("images");

@@ -86,6 +86,12 @@ impl NodeProcess {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// One unlabelled gauge from `GET /metrics`.
+    pub fn gauge(&self, name: &str) -> Option<f64> {
+        let text = ureq::get(&format!("{}/metrics", self.endpoint)).call().ok()?.into_string().ok()?;
+        text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -26,21 +26,40 @@ struct Client {
 
 #[pymethods]
 impl Client {
+    /// `transport`: "auto" (RDMA when possible), "rdma" or "tcp"; when
+    /// omitted, `SLUICE_TRANSPORT` or "auto".
     #[new]
-    fn new(py: Python<'_>, endpoint: String) -> PyResult<Self> {
+    #[pyo3(signature = (endpoint, transport = None))]
+    fn new(py: Python<'_>, endpoint: String, transport: Option<String>) -> PyResult<Self> {
+        let choice = transport
+            .map(|t| t.parse::<sluice_client::TransportChoice>())
+            .transpose()
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sluice-client")
             .enable_all()
             .build()
             .map_err(io_err)?;
-        let inner = py.allow_threads(|| runtime.block_on(sluice_client::Client::connect(&endpoint))).map_err(io_err)?;
+        let connect = async {
+            match choice {
+                Some(choice) => sluice_client::Client::connect_with(&endpoint, choice).await,
+                None => sluice_client::Client::connect(&endpoint).await,
+            }
+        };
+        let inner = py.allow_threads(|| runtime.block_on(connect)).map_err(io_err)?;
         Ok(Self { runtime: Arc::new(runtime), inner: Arc::new(inner) })
     }
 
     #[getter]
     fn transport(&self) -> &'static str {
         self.inner.transport()
+    }
+
+    /// Why that transport (the RDMA device used, or why not RDMA).
+    #[getter]
+    fn transport_reason(&self) -> String {
+        self.inner.transport_reason().to_string()
     }
 
     #[pyo3(signature = (name, verify_chunks = false, token = None))]

@@ -21,6 +21,18 @@ def test_read_batch_returns_exact_bytes(node, tokens):
     assert got.tobytes() == raw[1:11] + raw[123_457:127_553]
 
 
+def test_transport_is_chosen_and_explained(node):
+    client = sluice.connect(node.endpoint)
+    # The test node serves no RDMA endpoint (and this host has no device).
+    assert client.transport == "tcp"
+    assert "RDMA" in client.transport_reason
+    assert sluice.connect(node.endpoint, transport="tcp").transport == "tcp"
+    with pytest.raises(OSError, match="RDMA unavailable"):
+        sluice.connect(node.endpoint, transport="rdma")
+    with pytest.raises(ValueError, match="expected auto, rdma or tcp"):
+        sluice.connect(node.endpoint, transport="carrier-pigeon")
+
+
 def test_bad_ranges_raise_clearly(node):
     client = sluice.connect(node.endpoint)
     ds = client.open("toks")

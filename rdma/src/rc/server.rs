@@ -28,8 +28,14 @@ use crate::wire::{self, BatchStatus, FrameKind};
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
 const PROTOCOL: u32 = 1;
-/// Send-queue entries per connection, if the device allows that many.
-const SEND_QUEUE_DEPTH: u32 = 8192;
+/// Send-queue entries per connection, if the device allows that many. It
+/// also paces a connection: at most this many WRITEs are in flight, the
+/// next batch's wait for room.
+const SEND_QUEUE_DEPTH: u32 = 1024;
+/// Send-queue entries a batch may need beyond one per range: ranges that
+/// span more DMA pieces than a WRITE takes SGEs (the 8 MiB footprint bound
+/// keeps them few), and its SEND.
+const SEND_QUEUE_SLACK: u32 = 128;
 /// Scatter-gather entries per RDMA WRITE, if the device allows that many.
 const SEND_SGE_MAX: u32 = 16;
 
@@ -547,7 +553,11 @@ impl<R: DatasetResolver> Session<R> {
                 self.greeted = true;
                 ControlMessage::HelloOk {
                     node: self.config.node_name.clone(),
-                    ranges_per_batch_max: self.config.ranges_per_batch_max,
+                    // Every batch's WRITEs must fit the send queue at once.
+                    ranges_per_batch_max: self
+                        .config
+                        .ranges_per_batch_max
+                        .min(self.qp.caps().send_wr.saturating_sub(SEND_QUEUE_SLACK).max(1)),
                     batch_footprint_max_bytes: self.config.batch_footprint_max_bytes,
                     credits: self.credits,
                 }

@@ -52,14 +52,21 @@ class Dataset:
 
 
 class Client:
-    """A connection to one node; ``endpoint`` is its control API URL."""
+    """A connection to one node; ``endpoint`` is its control API URL.
+    ``transport`` is "auto" (RDMA when this host and the node have it),
+    "rdma" or "tcp"; when omitted, ``SLUICE_TRANSPORT`` or "auto"."""
 
-    def __init__(self, endpoint: str):
-        self._native = _native.Client(endpoint)
+    def __init__(self, endpoint: str, transport: "str | None" = None):
+        self._native = _native.Client(endpoint, transport)
 
     @property
     def transport(self) -> str:
         return self._native.transport
+
+    @property
+    def transport_reason(self) -> str:
+        """Why that transport: the RDMA device used, or why not RDMA."""
+        return self._native.transport_reason
 
     def open(self, name: str, verify_chunks: bool = False, token: "str | None" = None) -> Dataset:
         """Opens a sealed dataset. ``token`` is the grant's token
@@ -67,10 +74,10 @@ class Client:
         return Dataset(self._native.open(name, verify_chunks, token))
 
 
-def connect(endpoint: str) -> Client:
+def connect(endpoint: str, transport: "str | None" = None) -> Client:
     """Connects to the node whose control API is at ``endpoint``
     (``http://HOST:PORT``, as ``sluicectl --endpoint``)."""
-    return Client(endpoint)
+    return Client(endpoint, transport)
 
 
 class WindowLoader:
