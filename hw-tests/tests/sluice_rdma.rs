@@ -4,7 +4,8 @@
 //! client's registered buffer. Byte-exact (every read checked against the
 //! source), with eight clients at once, and with a client killed mid-batch
 //! leaving the node healthy and its DMA slots returned; the node registers
-//! no memory a peer could reach.
+//! no memory a peer could reach; grants hold (no token, no bytes; a revoked
+//! grant ends the session).
 
 use std::time::Duration;
 
@@ -186,5 +187,29 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         .expect("bench after the kill");
     assert!(after.success(), "{}", after.stderr);
     check_report(&after.stdout, "the client after the killed one");
+
+    // Revoking the grant ends an RDMA session reading under it, saying why,
+    // and refuses new opens.
+    rig.sh(
+        Host::Training,
+        &format!(
+            "setsid {read} bench read tokens --size 4096 --align 1 --batch 64 --seconds 90 \
+             > /tmp/revoked.out 2> /tmp/revoked.err & echo $! > /tmp/revoked.pid; sleep 3"
+        ),
+    )
+    .expect("start a reader");
+    ctl(Host::Storage, &format!("grant revoke {}", grant["id"])).expect("revoke");
+    let ended = rig
+        .exec_with(
+            Host::Training,
+            "for i in $(seq 1 150); do \
+               kill -0 $(cat /tmp/revoked.pid) 2>/dev/null || { cat /tmp/revoked.err; exit 0; }; sleep 0.2; \
+             done; echo still reading; exit 1",
+            Duration::from_secs(60),
+        )
+        .expect("watch the reader");
+    assert!(ended.success() && ended.stdout.contains("revoked"), "the session ends, saying why: {}", ended.stdout);
+    let refused = rig.exec(Host::Training, &format!("{read} read tokens --offset 0 --len 1 -o /tmp/x")).expect("read");
+    assert!(!refused.success() && refused.stderr.contains("revoked"), "{}", refused.stderr);
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }

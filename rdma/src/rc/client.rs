@@ -391,38 +391,7 @@ impl Driver {
                     // Clear, drain and re-arm, then poll (see the server).
                     ready.map_err(TransportError::Io)?.clear_ready();
                     self.qp.cq().take_events().map_err(rdma)?;
-                    loop {
-                        completions.clear();
-                        if self.qp.cq().poll(&mut completions, 64).map_err(rdma)? == 0 {
-                            break;
-                        }
-                        for wc in completions.drain(..) {
-                            if !wc.is_ok() {
-                                return Err(TransportError::Lost(format!("work request failed: {}", wc.status_text())));
-                            }
-                            let slot = wc.wr_id as u32;
-                            match wc.wr_id & WR_TAG_MASK {
-                                WR_SEND => {
-                                    tracing::trace!(slot, "request sent");
-                                    self.free_send.push(slot);
-                                }
-                                WR_RECV => {
-                                    // SAFETY: the receive completed; the
-                                    // slot is reposted only after this.
-                                    let bytes = unsafe { self.recv.slot(slot as usize) };
-                                    let len = (wc.byte_len as usize).min(bytes.len());
-                                    tracing::trace!(slot, len, pending = self.pending.len(), "message received");
-                                    let outcome = receive(&bytes[..len], &mut self.pending, &mut self.control_replies);
-                                    // SAFETY: as at connect; the message was
-                                    // consumed above.
-                                    unsafe { self.qp.post_recv(WR_RECV | u64::from(slot), self.recv.sge(slot as usize, RESPONSE_SLOT_BYTES)) }
-                                        .map_err(rdma)?;
-                                    outcome?;
-                                }
-                                _ => return Err(TransportError::Protocol(format!("completion for unknown work request {:#x}", wc.wr_id))),
-                            }
-                        }
-                    }
+                    self.poll_completions(&mut completions)?;
                     self.flush()?;
                 }
                 ready = events.readable() => {
@@ -430,6 +399,9 @@ impl Driver {
                     loop {
                         match events.get_ref().next_event().map_err(rdma)? {
                             Some(event) if event.kind == CmEventKind::Disconnected => {
+                                // What arrived before the disconnect (a
+                                // reply, or why the node closed) comes first.
+                                self.poll_completions(&mut completions)?;
                                 return Err(TransportError::Lost("node closed the connection".into()))
                             }
                             Some(event) if matches!(event.kind, CmEventKind::Failed(_)) => {
@@ -442,6 +414,51 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Handles every completion the CQ holds.
+    fn poll_completions(&mut self, completions: &mut Vec<crate::verbs::WorkCompletion>) -> Result<(), TransportError> {
+        loop {
+            completions.clear();
+            if self.qp.cq().poll(completions, 64).map_err(rdma)? == 0 {
+                break;
+            }
+            for wc in completions.drain(..) {
+                if !wc.is_ok() {
+                    return Err(TransportError::Lost(format!("work request failed: {}", wc.status_text())));
+                }
+                let slot = wc.wr_id as u32;
+                match wc.wr_id & WR_TAG_MASK {
+                    WR_SEND => {
+                        tracing::trace!(slot, "request sent");
+                        self.free_send.push(slot);
+                    }
+                    WR_RECV => {
+                        // SAFETY: the receive completed; the
+                        // slot is reposted only after this.
+                        let bytes = unsafe { self.recv.slot(slot as usize) };
+                        let len = (wc.byte_len as usize).min(bytes.len());
+                        tracing::trace!(slot, len, pending = self.pending.len(), "message received");
+                        let outcome = receive(&bytes[..len], &mut self.pending, &mut self.control_replies);
+                        // SAFETY: as at connect; the message was
+                        // consumed above.
+                        unsafe {
+                            self.qp
+                                .post_recv(WR_RECV | u64::from(slot), self.recv.sge(slot as usize, RESPONSE_SLOT_BYTES))
+                        }
+                        .map_err(rdma)?;
+                        outcome?;
+                    }
+                    _ => {
+                        return Err(TransportError::Protocol(format!(
+                            "completion for unknown work request {:#x}",
+                            wc.wr_id
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Posts queued requests while send slots last.
