@@ -27,6 +27,21 @@ fn check_report(text: &str, what: &str) -> serde_json::Value {
     report
 }
 
+/// `command`, run once more on a new connection if the first stalled:
+/// under TCG, soft-RoCE now and then loses a burst of packets and its
+/// retransmission does not always recover; the client gives such a
+/// connection up after its response timeout (the node too) and says so,
+/// and a new connection must then serve. Any other failure is final.
+fn with_stall_retry(command: &str, tag: &str) -> String {
+    format!(
+        "for attempt in 1 2; do \
+           out=$({command} 2> /tmp/stall-{tag}.err) && {{ echo \"$out\"; cat /tmp/stall-{tag}.err >&2; exit 0; }}; \
+           grep -q 'no response within' /tmp/stall-{tag}.err || break; \
+           echo 'rig: an rxe connection stalled; retrying on a new one' >&2; \
+         done; cat /tmp/stall-{tag}.err >&2; exit 1"
+    )
+}
+
 #[test]
 fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let Some(rig) =
@@ -82,11 +97,14 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let small = rig
         .exec_with(
             Host::Training,
-            &format!(
-                "{read} --json bench read tokens --size 3001 --align 1 --batch 2048 --inflight 2 --seconds 6 \
+            &with_stall_retry(
+                &format!(
+                    "{read} --json bench read tokens --size 3001 --align 1 --batch 2048 --inflight 2 --seconds 4 \
                  --verify {source}"
+                ),
+                "small",
             ),
-            Duration::from_secs(180),
+            Duration::from_secs(240),
         )
         .expect("bench small");
     assert!(small.success(), "{}", small.stderr);
@@ -96,11 +114,14 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let large = rig
         .exec_with(
             Host::Training,
-            &format!(
-                "{read} --json bench read tokens --size 1048577 --align 1 --batch 4 --inflight 2 --seconds 6 \
+            &with_stall_retry(
+                &format!(
+                    "{read} --json bench read tokens --size 1048577 --align 1 --batch 4 --inflight 2 --seconds 4 \
                  --verify {source}"
+                ),
+                "large",
             ),
-            Duration::from_secs(180),
+            Duration::from_secs(240),
         )
         .expect("bench large");
     assert!(large.success(), "{}", large.stderr);
@@ -112,12 +133,18 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
             Host::Training,
             &format!(
                 "for i in 1 2 3 4 5 6 7 8; do \
-                   {read} --json bench read tokens --size 8191 --align 1 --batch 256 --inflight 2 --seconds 5 \
-                     --verify {source} > /tmp/client-$i.json 2> /tmp/client-$i.err & \
+                   ( {} ) > /tmp/client-$i.json 2> /tmp/client-$i.err & \
                  done; wait; \
-                 for i in 1 2 3 4 5 6 7 8; do cat /tmp/client-$i.json; cat /tmp/client-$i.err >&2; done"
+                 for i in 1 2 3 4 5 6 7 8; do cat /tmp/client-$i.json; cat /tmp/client-$i.err >&2; done",
+                with_stall_retry(
+                    &format!(
+                        "{read} --json bench read tokens --size 8191 --align 1 --batch 32 --inflight 1 --seconds 3 \
+                         --verify {source}"
+                    ),
+                    "client-$i"
+                )
             ),
-            Duration::from_secs(240),
+            Duration::from_secs(300),
         )
         .expect("eight clients");
     let reports: Vec<&str> = eight.stdout.lines().filter(|l| l.starts_with('{')).collect();
@@ -181,8 +208,13 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let after = rig
         .exec_with(
             Host::Training,
-            &format!("{read} --json bench read tokens --size 4096 --align 1 --batch 64 --seconds 2 --verify {source}"),
-            Duration::from_secs(60),
+            &with_stall_retry(
+                &format!(
+                    "{read} --json bench read tokens --size 4096 --align 1 --batch 64 --seconds 2 --verify {source}"
+                ),
+                "after",
+            ),
+            Duration::from_secs(120),
         )
         .expect("bench after the kill");
     assert!(after.success(), "{}", after.stderr);

@@ -28,6 +28,9 @@ use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameKind, RangeDescri
 
 /// How long connection setup may take once the route is known.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// A batch unanswered this long means the node or the link is stuck: the
+/// connection is given up (the node ends it after its own write timeout).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn rdma(err: VerbsError) -> TransportError {
     TransportError::Rdma(err.to_string())
@@ -129,6 +132,7 @@ enum Command {
 
 struct Pending {
     range_count: u32,
+    asked: std::time::Instant,
     /// Kept until the reply (or teardown): the node writes into it.
     target: InFlightBuffer,
     done: oneshot::Sender<Result<Vec<RangeStatus>, TransportError>>,
@@ -317,7 +321,12 @@ impl RdmaClient {
         let mut frame = Vec::with_capacity(wire::FrameHeader::SIZE + REQUEST_SLOT_BYTES.min(4096));
         wire::encode_rdma_batch_request(&mut frame, &header, ranges);
         let (done, rx) = oneshot::channel();
-        let pending = Pending { range_count: ranges.len() as u32, target: InFlightBuffer(Arc::clone(&target.0)), done };
+        let pending = Pending {
+            range_count: ranges.len() as u32,
+            asked: std::time::Instant::now(),
+            target: InFlightBuffer(Arc::clone(&target.0)),
+            done,
+        };
         self.commands.send(Command::Batch { frame, batch_id, pending }).await.map_err(|_| self.lost_error())?;
         rx.await.map_err(|_| self.lost_error())?
     }
@@ -363,14 +372,19 @@ impl Driver {
             *lost = Some(why.clone());
         }
         commands.close();
-        let Self { qp, pending, control_replies, queued, .. } = self;
-        // The QP goes first: after it no write can land in a target.
-        drop(qp);
-        drop(control_replies);
-        drop(queued);
-        for (_, pending) in pending {
-            pending.finish(Err(TransportError::Lost(why.clone())));
-        }
+        // The QP goes first: after it no write can land in a target. Its
+        // teardown can block (a vanished node's disconnect times out), so
+        // it runs off the async threads.
+        let teardown = tokio::task::spawn_blocking(move || {
+            let Self { qp, pending, control_replies, queued, .. } = self;
+            drop(qp);
+            drop(control_replies);
+            drop(queued);
+            for (_, pending) in pending {
+                pending.finish(Err(TransportError::Lost(why.clone())));
+            }
+        });
+        let _ = teardown.await;
     }
 
     async fn serve(
@@ -380,8 +394,19 @@ impl Driver {
     ) -> Result<(), TransportError> {
         let cq = readiness(Arc::clone(self.qp.cq()), "registering the completion channel").map_err(rdma)?;
         let mut completions = Vec::with_capacity(64);
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = watchdog.tick() => {
+                    if let Some(oldest) = self.pending.values().map(|p| p.asked).min() {
+                        if oldest.elapsed() > RESPONSE_TIMEOUT {
+                            return Err(TransportError::Lost(format!(
+                                "no response within {RESPONSE_TIMEOUT:?}: the node or the link is stuck"
+                            )));
+                        }
+                    }
+                }
                 command = commands.recv() => {
                     let Some(command) = command else { return Ok(()) };
                     self.queued.push_back(command);

@@ -334,7 +334,11 @@ impl<R: DatasetResolver> Session<R> {
             }
         }
         // Dropping `self` disconnects and destroys the QP, then returns the
-        // DMA slots of every batch still in flight.
+        // DMA slots of every batch still in flight. Destroying the id of a
+        // connection whose peer is gone can block for the CM's disconnect
+        // timeout (tens of seconds): off the async threads, so other
+        // connections and their watchdogs keep running.
+        tokio::task::spawn_blocking(move || drop(self));
     }
 
     /// Sends the reason a connection closes, and waits briefly for it to go.
