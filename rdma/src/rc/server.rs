@@ -89,10 +89,10 @@ impl RdmaListener {
         let pd = ProtectionDomain::new(&id)?;
         let mut arenas = Vec::with_capacity(plane.dma_regions().len());
         for region in plane.dma_regions() {
-            // SAFETY: the arenas stay mapped as long as the data plane, which
-            // `Device` holds after these regions (dropped later); the device
-            // only reads them, as the sources of RDMA WRITEs of completed
-            // batches.
+            // The arenas stay mapped as long as the data plane, which `Device`
+            // holds after these regions (so dropped later); the device only
+            // reads them, as the sources of RDMA WRITEs of completed batches.
+            // SAFETY: mapped for the regions' lifetime, read-only to the NIC.
             arenas.push(unsafe { pd.register(region.base as *mut u8, region.len_bytes, Access::LocalRead) }?);
         }
         let device = Device { arenas, pd, plane, limits: id.device_limits()?, name: id.device_name() };
@@ -680,12 +680,12 @@ impl<R: DatasetResolver> Session<R> {
             .collect();
         requests.push(SendWr { wr_id: WR_SEND | u64::from(slot), op: SendOp::Send, sges: &message, signaled: true });
         let work_requests = requests.len() as u32;
-        // SAFETY: the WRITEs read DMA slots of `batch`'s result, registered
-        // in `Device::arenas` and kept alive in `in_flight` until this SEND
-        // completes (RC completes in order) or the QP is destroyed; the SEND
-        // reads a send slot that is ours until then. Remote addresses are
-        // inside the buffer the client named with its rkey (checked by
-        // `destinations_fit`; the client's NIC enforces it too).
+        // The WRITEs read DMA slots of the batch's result, registered in
+        // `Device::arenas` and kept in `in_flight` until this SEND completes
+        // (RC completes in order) or the QP is destroyed; the SEND reads a
+        // send slot that is ours until then. Remote addresses lie inside the
+        // buffer the client named with its rkey (`destinations_fit`).
+        // SAFETY: every SGE stays valid until completion; see above.
         unsafe { self.qp.post_send(&requests) }?;
         self.send_queue_free -= work_requests;
         tracing::trace!(client = self.client_id, slot, work_requests, free = self.send_queue_free, "posted");
