@@ -181,7 +181,6 @@ impl Node {
             // Widened reads take up to two chunks more per range: announce
             // limits under which a batch still fits a core's DMA slots.
             ranges_per_batch_max: if config.verify_all_reads { 128 } else { sluice_rdma::wire::RANGES_PER_BATCH_MAX },
-            latency_batch_bytes_max: plane.config().latency_batch_bytes_max,
             batch_footprint_max_bytes: if config.verify_all_reads {
                 4 << 20
             } else {

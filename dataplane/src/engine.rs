@@ -20,8 +20,11 @@ use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
 use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
 use crate::probe::{
-    monotonic_ns, size_bucket, sluice_probe_batch_complete, sluice_probe_batch_submit, BatchProbe, LANE_BULK,
-    LANE_LATENCY,
+    monotonic_ns, size_bucket, sluice_probe_batch_complete, sluice_probe_batch_submit, sluice_probe_lane_select,
+    BatchProbe, LANE_BULK, LANE_BY_POLICY, LANE_BY_THRESHOLD, LANE_LATENCY,
+};
+use crate::steer::{
+    Flow, FlowLease, FlowTable, LaneDecisions, DECISION_BULK, DECISION_LATENCY, DECISION_NONE, FLOWS_MAX,
 };
 
 /// Most datasets attached to one node at once.
@@ -108,6 +111,9 @@ pub struct ReadBatch {
     pub dataset: DatasetSlot,
     /// Which connection sent it (reported to probes).
     pub client_id: u32,
+    /// The flow (dataset on a connection) whose steering decision picks the
+    /// lane; [`Flow::UNSTEERED`] leaves it to the size threshold.
+    pub flow: Flow,
     pub ranges: Vec<ByteRange>,
     pub reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
 }
@@ -117,9 +123,16 @@ pub struct ReadBatch {
 pub struct BatchResult {
     plan: BatchPlan,
     lease: SlotLease,
+    lane: u8,
 }
 
 impl BatchResult {
+    /// Whether the batch was served in the latency lane (by the policy's
+    /// decision or the size threshold), for the transports' counters.
+    pub fn in_latency_lane(&self) -> bool {
+        self.lane == LANE_LATENCY
+    }
+
     pub fn statuses(&self) -> &[RangeStatus] {
         &self.plan.statuses
     }
@@ -162,6 +175,7 @@ impl BatchResult {
 
 enum CoreMsg {
     Batch(ReadBatch),
+    Decisions(Arc<dyn LaneDecisions>),
     Attach(DatasetSlot, Arc<DatasetView>),
     Detach(u32, oneshot::Sender<()>),
     /// Slots came back while the core was parked.
@@ -186,6 +200,7 @@ pub struct DataPlane {
     regions: Vec<DmaRegion>,
     slots_total: usize,
     leased_counters: Vec<Arc<AtomicUsize>>,
+    flows: Arc<FlowTable>,
 }
 
 /// One core's DMA arena as an address range, for a transport to register
@@ -312,6 +327,7 @@ impl DataPlane {
             regions,
             slots_total,
             leased_counters,
+            flows: Arc::new(FlowTable::new()),
         })
     }
 
@@ -379,9 +395,41 @@ impl DataPlane {
 
     /// Submits and waits for the result.
     pub async fn read(&self, dataset: DatasetSlot, ranges: Vec<ByteRange>) -> Result<BatchResult, SubmitError> {
+        self.read_in_flow(dataset, Flow::UNSTEERED, ranges).await
+    }
+
+    /// Submits a batch of `flow` and waits for the result.
+    pub async fn read_in_flow(
+        &self,
+        dataset: DatasetSlot,
+        flow: Flow,
+        ranges: Vec<ByteRange>,
+    ) -> Result<BatchResult, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(ReadBatch { dataset, client_id: 0, ranges, reply }).await?;
+        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply }).await?;
         rx.await.map_err(|_| SubmitError::Shutdown)?
+    }
+
+    /// Opens a flow (a dataset opened on a connection from `peer`, see
+    /// [`crate::steer::peer_key`]); it closes when the lease drops.
+    pub fn open_flow(&self, peer: [u8; 16]) -> FlowLease {
+        self.flows.open(peer)
+    }
+
+    /// Flows open now.
+    pub fn flows_open(&self) -> usize {
+        self.flows.open_count()
+    }
+
+    /// Makes every core take each batch's lane from `decisions` (written by
+    /// a steering policy) where it holds one for the batch's flow. Set once,
+    /// when steering starts; a flow without a decision keeps the threshold.
+    pub async fn steer_with(&self, decisions: Arc<dyn LaneDecisions>) -> Result<(), SubmitError> {
+        self.flows.set_decisions(Arc::clone(&decisions));
+        for sender in &self.senders {
+            sender.send(CoreMsg::Decisions(Arc::clone(&decisions))).await.map_err(|_| SubmitError::Shutdown)?;
+        }
+        Ok(())
     }
 
     /// Stops every core after its in-flight I/O completes.
@@ -451,9 +499,11 @@ struct CoreEngine {
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
     detaching: Vec<(u32, oneshot::Sender<()>)>,
-    /// Waiting batches per lane: latency first, then bulk.
-    waiting: [VecDeque<ReadBatch>; 2],
+    /// Waiting batches per lane, with their probes: latency first, then bulk.
+    waiting: [VecDeque<(ReadBatch, BatchProbe)>; 2],
     latency_batch_bytes_max: u64,
+    /// The steering policy's per-flow decisions, once steering starts.
+    decisions: Option<Arc<dyn LaneDecisions>>,
     active: Vec<Option<ActiveBatch>>,
     active_free: Vec<usize>,
     completions: Vec<Completion>,
@@ -491,6 +541,7 @@ impl CoreEngine {
                 VecDeque::with_capacity(config.batches_waiting_max),
             ],
             latency_batch_bytes_max: config.latency_batch_bytes_max,
+            decisions: None,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
             completions: Vec::with_capacity(REAP_MAX),
@@ -533,7 +584,7 @@ impl CoreEngine {
                 self.park();
             }
         }
-        for batch in self.waiting.iter_mut().flat_map(|lane| lane.drain(..)) {
+        for (batch, _) in self.waiting.iter_mut().flat_map(|lane| lane.drain(..)) {
             let _ = batch.reply.send(Err(SubmitError::Shutdown));
         }
         tracing::debug!(core = self.id, "data-plane core stopped");
@@ -593,10 +644,12 @@ impl CoreEngine {
                 let _ = batch.reply.send(Err(SubmitError::Shutdown));
             }
             CoreMsg::Batch(batch) => {
-                let bytes: u64 = batch.ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
-                let lane = if bytes <= self.latency_batch_bytes_max { LATENCY_LANE } else { BULK_LANE };
-                self.waiting[lane].push_back(batch);
+                let mut probe = self.probe_of(&batch);
+                let lane = self.choose_lane(&mut probe);
+                sluice_probe_lane_select(&probe);
+                self.waiting[lane].push_back((batch, probe));
             }
+            CoreMsg::Decisions(decisions) => self.decisions = Some(decisions),
             CoreMsg::Attach(slot, view) => {
                 self.queue.register_namespace(slot.index, &view.namespace.target());
                 self.datasets[slot.index as usize] = Some((slot.generation, view));
@@ -624,6 +677,46 @@ impl CoreEngine {
         }
     }
 
+    /// The probe of a batch that just arrived: its sizes and its flow.
+    fn probe_of(&self, batch: &ReadBatch) -> BatchProbe {
+        let dataset_id = match self.datasets.get(batch.dataset.index as usize) {
+            Some(Some((generation, view))) if *generation == batch.dataset.generation => view.dataset_id,
+            _ => 0,
+        };
+        let mut probe = BatchProbe {
+            dataset_id,
+            client_id: batch.client_id,
+            ranges: batch.ranges.len() as u32,
+            flow: batch.flow.index,
+            flow_generation: batch.flow.generation,
+            peer: batch.flow.peer,
+            ..BatchProbe::default()
+        };
+        for range in &batch.ranges {
+            probe.bytes += u64::from(range.len_bytes);
+            probe.size_hist[size_bucket(range.len_bytes)] += 1;
+        }
+        probe
+    }
+
+    /// The policy's decision for the batch's flow where there is one (one
+    /// load from the decision array), else the size threshold.
+    fn choose_lane(&self, probe: &mut BatchProbe) -> usize {
+        let decision = match &self.decisions {
+            Some(decisions) if probe.flow < FLOWS_MAX => decisions.decision(probe.flow),
+            _ => DECISION_NONE,
+        };
+        let (lane, source) = match decision {
+            DECISION_LATENCY => (LATENCY_LANE, LANE_BY_POLICY),
+            DECISION_BULK => (BULK_LANE, LANE_BY_POLICY),
+            _ if probe.bytes <= self.latency_batch_bytes_max => (LATENCY_LANE, LANE_BY_THRESHOLD),
+            _ => (BULK_LANE, LANE_BY_THRESHOLD),
+        };
+        probe.lane = if lane == LATENCY_LANE { LANE_LATENCY } else { LANE_BULK };
+        probe.lane_source = source;
+        lane
+    }
+
     fn waiting_count(&self) -> usize {
         self.waiting.iter().map(VecDeque::len).sum()
     }
@@ -638,7 +731,7 @@ impl CoreEngine {
 
     /// Admits batches of `lane` in order while `reserve` slots stay free.
     fn admit_lane(&mut self, lane: usize, reserve: usize) {
-        while let Some(batch) = self.waiting[lane].front() {
+        while let Some((batch, _)) = self.waiting[lane].front() {
             if batch.reply.is_closed() {
                 // Nobody waits for it any more: do not read it.
                 self.waiting[lane].pop_front();
@@ -646,7 +739,7 @@ impl CoreEngine {
             }
             let attached = self.datasets.get(batch.dataset.index as usize).cloned().flatten();
             let Some(view) = attached.filter(|(g, _)| *g == batch.dataset.generation).map(|(_, v)| v) else {
-                if let Some(batch) = self.waiting[lane].pop_front() {
+                if let Some((batch, _)) = self.waiting[lane].pop_front() {
                     let _ = batch.reply.send(Err(SubmitError::UnknownDataset));
                 }
                 continue;
@@ -662,7 +755,7 @@ impl CoreEngine {
             let plan = plan_batch(&batch.ranges, geometry);
             let capacity = self.pool.capacity() as u32;
             if plan.slots_needed > capacity {
-                if let Some(batch) = self.waiting[lane].pop_front() {
+                if let Some((batch, _)) = self.waiting[lane].pop_front() {
                     let slots_needed = plan.slots_needed;
                     let _ = batch.reply.send(Err(SubmitError::TooLarge { slots_needed, capacity }));
                 }
@@ -675,23 +768,13 @@ impl CoreEngine {
                 return;
             }
             let Some(lease) = self.pool.take(plan.slots_needed as usize) else { return };
-            let Some(batch) = self.waiting[lane].pop_front() else { return };
+            let Some((batch, mut probe)) = self.waiting[lane].pop_front() else { return };
             self.active_free.pop();
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
             let block_size_bytes = geometry.block_size_bytes;
-            let mut probe = BatchProbe {
-                dataset_id: view.dataset_id,
-                client_id: batch.client_id,
-                lane: if lane == LATENCY_LANE { LANE_LATENCY } else { LANE_BULK },
-                ranges: batch.ranges.len() as u32,
-                submit_ns: monotonic_ns(self.clock),
-                ..BatchProbe::default()
-            };
-            for range in &batch.ranges {
-                probe.bytes += u64::from(range.len_bytes);
-                probe.size_hist[size_bucket(range.len_bytes)] += 1;
-            }
+            probe.dataset_id = view.dataset_id;
+            probe.submit_ns = monotonic_ns(self.clock);
             sluice_probe_batch_submit(&probe);
             self.active[active_index] = Some(ActiveBatch {
                 slot: batch.dataset.index,
@@ -843,7 +926,7 @@ impl CoreEngine {
         batch.probe.complete_ns = monotonic_ns(self.clock);
         batch.probe.failed_ranges = plan.statuses.iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
         sluice_probe_batch_complete(&batch.probe);
-        let result = BatchResult { plan: batch.plan, lease: batch.lease };
+        let result = BatchResult { plan: batch.plan, lease: batch.lease, lane: batch.probe.lane };
         // A closed reply means the requester left; dropping the result
         // returns its slots.
         let _ = batch.reply.send(Ok(result));

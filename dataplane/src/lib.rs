@@ -12,8 +12,10 @@ pub mod driver;
 pub mod engine;
 pub mod plan;
 pub mod probe;
+pub mod steer;
 
 pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 pub use dma::{Arena, SlotLease};
 pub use driver::{BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec};
 pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError};
+pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -10,6 +10,10 @@ use std::time::Instant;
 pub const SIZE_BUCKETS: usize = 24;
 pub const LANE_LATENCY: u8 = 0;
 pub const LANE_BULK: u8 = 1;
+/// The batch-size threshold chose the lane (`SLUICE_LANE_BY_THRESHOLD`).
+pub const LANE_BY_THRESHOLD: u8 = 0;
+/// The policy's decision for the flow chose it (`SLUICE_LANE_BY_POLICY`).
+pub const LANE_BY_POLICY: u8 = 1;
 
 /// `struct sluice_batch_probe`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -18,16 +22,25 @@ pub struct BatchProbe {
     pub dataset_id: u64,
     pub client_id: u32,
     pub lane: u8,
-    pub pad: [u8; 3],
+    /// What chose `lane` (`LANE_BY_*`).
+    pub lane_source: u8,
+    pub pad: [u8; 2],
     pub ranges: u32,
     pub failed_ranges: u32,
     pub bytes: u64,
     pub submit_ns: u64,
     pub complete_ns: u64,
     pub size_hist: [u32; SIZE_BUCKETS],
+    /// Index of the flow (dataset on a connection) in the decision array,
+    /// `u32::MAX` when unsteered.
+    pub flow: u32,
+    /// Tells a reused flow index from the flow that held it before.
+    pub flow_generation: u32,
+    /// The peer's address, IPv6 or IPv4-mapped.
+    pub peer: [u8; 16],
 }
 
-const _: () = assert!(size_of::<BatchProbe>() == 144);
+const _: () = assert!(size_of::<BatchProbe>() == 168);
 
 /// The log2 bucket of a range of `len` bytes.
 pub fn size_bucket(len: u32) -> usize {
@@ -43,6 +56,14 @@ pub fn monotonic_ns(origin: Instant) -> u64 {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
+    std::hint::black_box(probe);
+}
+
+/// Called when a batch reaches its core and its lane is chosen (the probe's
+/// `lane`, `lane_source`; timestamps are not set yet).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn sluice_probe_lane_select(probe: *const BatchProbe) {
     std::hint::black_box(probe);
 }
 

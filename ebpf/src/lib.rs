@@ -7,6 +7,9 @@
 //! `bpf/build.sh`), so the node builds without clang; a test rebuilds it
 //! from source where clang exists and fails if the two differ.
 
+pub mod steer;
+pub mod uring;
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -33,6 +33,10 @@ fn c_and_rust_layouts_match() {
         "submit_ns",
         "complete_ns",
         "size_hist",
+        "lane_source",
+        "flow",
+        "flow_generation",
+        "peer",
     ];
     let mut c =
         String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"sluice_probes.h\"\nint main(void) {\n");
@@ -67,13 +71,17 @@ fn c_and_rust_layouts_match() {
         ("submit_ns", offset_of!(BatchProbe, submit_ns)),
         ("complete_ns", offset_of!(BatchProbe, complete_ns)),
         ("size_hist", offset_of!(BatchProbe, size_hist)),
+        ("lane_source", offset_of!(BatchProbe, lane_source)),
+        ("flow", offset_of!(BatchProbe, flow)),
+        ("flow_generation", offset_of!(BatchProbe, flow_generation)),
+        ("peer", offset_of!(BatchProbe, peer)),
     ];
     for (name, offset) in rust_layout {
         assert_eq!(c_layout.get(name), Some(&offset), "{name}: C {:?}, Rust {offset}", c_layout.get(name));
     }
 }
 
-/// The checked-in object is exactly what `bpf/build.sh` makes of the source.
+/// The checked-in objects are exactly what `bpf/build.sh` makes of the sources.
 #[test]
 fn checked_in_object_matches_source() {
     if Command::new("clang").arg("--version").output().is_err() {
@@ -83,8 +91,20 @@ fn checked_in_object_matches_source() {
     let dir = tempfile::tempdir().expect("tempdir");
     let status = Command::new("sh").arg(format!("{CRATE}/bpf/build.sh")).arg(dir.path()).status().expect("build.sh");
     assert!(status.success(), "bpf/build.sh failed");
-    let built = std::fs::read(dir.path().join("trace.bpf.o")).expect("built object");
-    assert!(built == sluice_ebpf::TRACE_OBJECT, "bpf/trace.bpf.o is stale: run ebpf/bpf/build.sh and commit it");
+    let objects = [
+        ("trace.bpf.o", sluice_ebpf::TRACE_OBJECT),
+        ("steer.bpf.o", sluice_ebpf::steer::STEER_OBJECT),
+        ("policy.bpf.o", sluice_ebpf::steer::DEFAULT_POLICY_OBJECT),
+        ("all_bulk.bpf.o", sluice_ebpf::steer::ALL_BULK_POLICY_OBJECT),
+        ("uring.bpf.o", sluice_ebpf::uring::URING_OBJECT),
+    ];
+    let sources = std::fs::read_dir(format!("{CRATE}/bpf")).expect("bpf/").flatten();
+    let source_count = sources.filter(|e| e.file_name().to_string_lossy().ends_with(".bpf.c")).count();
+    assert_eq!(source_count, objects.len(), "every bpf/*.bpf.c is embedded and checked here");
+    for (name, embedded) in objects {
+        let built = std::fs::read(dir.path().join(name)).expect("built object");
+        assert!(built == embedded, "bpf/{name} is stale: run ebpf/bpf/build.sh and commit it");
+    }
 }
 
 fn attach_or_skip(test: &str) -> Option<Tracer> {

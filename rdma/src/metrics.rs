@@ -16,6 +16,15 @@ pub enum Lane {
 }
 
 impl Lane {
+    /// The lane the data plane served a batch in.
+    pub fn of(batch: &sluice_dataplane::BatchResult) -> Self {
+        if batch.in_latency_lane() {
+            Self::Latency
+        } else {
+            Self::Bulk
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Latency => "latency",

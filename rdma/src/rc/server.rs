@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, RangeStatus, ReadBatch, SubmitError};
+use sluice_dataplane::{
+    BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch, SubmitError,
+};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{
@@ -242,7 +244,7 @@ struct Session<R> {
     resolver: Arc<R>,
     config: ServerConfig,
     client_id: u32,
-    handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>)>,
+    handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>, FlowLease)>,
     next_handle: u32,
     greeted: bool,
     granted: Vec<(u64, String)>,
@@ -503,23 +505,21 @@ impl<R: DatasetResolver> Session<R> {
                 let range_count = ranges.len() as u32;
                 let refused = match self.handles.get(&handle) {
                     None => Some(BatchStatus::UnknownHandle),
-                    Some((_, counters)) if !fits => {
+                    Some((_, counters, _)) if !fits => {
                         counters.record_failed_batch();
                         Some(BatchStatus::BadDestination)
                     }
                     Some(_) => None,
                 };
-                let (Some((slot, counters)), None) = (self.handles.get(&handle), refused) else {
+                let (Some((slot, counters, flow)), None) = (self.handles.get(&handle), refused) else {
                     let status = refused.unwrap_or(BatchStatus::UnknownHandle);
                     let completed = Completed { batch_id, range_count, target, outcome: Err(status) };
                     self.waiting.push_back(Outgoing::Batch(completed));
                     return Ok(());
                 };
-                let batch_bytes: u64 = ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
-                let lane = if batch_bytes <= self.config.latency_batch_bytes_max { Lane::Latency } else { Lane::Bulk };
                 let counters = Arc::clone(counters);
                 let (reply, result) = oneshot::channel();
-                let batch = ReadBatch { dataset: *slot, client_id: self.client_id, ranges, reply };
+                let batch = ReadBatch { dataset: *slot, client_id: self.client_id, flow: flow.flow(), ranges, reply };
                 if self.device.plane.submit(batch).await.is_err() {
                     counters.record_failed_batch();
                     let completed =
@@ -539,6 +539,7 @@ impl<R: DatasetResolver> Session<R> {
                         Ok(batch) => {
                             let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
                             let failed = batch.statuses().len() as u64 - ok;
+                            let lane = Lane::of(batch);
                             counters.record_batch(lane, ok, failed, batch.payload_bytes(), submitted.elapsed());
                         }
                         Err(_) => counters.record_failed_batch(),
@@ -581,7 +582,10 @@ impl<R: DatasetResolver> Session<R> {
                         Ok(Opened { slot, info, grant, counters }) => {
                             let handle = self.next_handle;
                             self.next_handle = self.next_handle.wrapping_add(1).max(1);
-                            self.handles.insert(handle, (slot, counters));
+                            // The peer's address is not taken from the CM id: the
+                            // sk_reuseport steering it feeds is for TCP listeners.
+                            let flow = self.device.plane.open_flow([0; 16]);
+                            self.handles.insert(handle, (slot, counters, flow));
                             if let Some(grant) = grant {
                                 if !self.granted.iter().any(|(g, _)| *g == grant) {
                                     self.granted.push((grant, name));

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, RangeStatus, ReadBatch, SubmitError};
+use sluice_dataplane::steer::peer_key;
+use sluice_dataplane::{
+    BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch, SubmitError,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -64,9 +67,6 @@ pub struct ServerConfig {
     /// Batch limits announced to clients, which split their batches to fit.
     pub ranges_per_batch_max: u32,
     pub batch_footprint_max_bytes: u64,
-    /// Batches of at most this many bytes count as latency-lane traffic
-    /// (the data plane's own threshold).
-    pub latency_batch_bytes_max: u64,
 }
 
 impl Default for ServerConfig {
@@ -78,7 +78,6 @@ impl Default for ServerConfig {
             connections_max: 4096,
             ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
             batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
-            latency_batch_bytes_max: 512 << 10,
         }
     }
 }
@@ -152,7 +151,6 @@ enum Outgoing {
 /// Where a batch's outcome is counted, and from when.
 struct Tally {
     counters: Arc<DatasetCounters>,
-    lane: Lane,
     submitted: std::time::Instant,
 }
 
@@ -240,7 +238,7 @@ impl<R: DatasetResolver> Connection<R> {
         semaphore: &Arc<Semaphore>,
         granted: &std::sync::Mutex<Vec<(u64, String)>>,
     ) -> Result<(), Fatal> {
-        let mut handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>)> = HashMap::new();
+        let mut handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>, FlowLease)> = HashMap::new();
         let mut next_handle = 1u32;
         let mut greeted = false;
         let mut payload = Vec::new();
@@ -276,7 +274,8 @@ impl<R: DatasetResolver> Connection<R> {
                                     Ok(Opened { slot, info, grant, counters }) => {
                                         let handle = next_handle;
                                         next_handle = next_handle.wrapping_add(1).max(1);
-                                        handles.insert(handle, (slot, counters));
+                                        let flow = self.plane.open_flow(peer_key(self.peer.ip()));
+                                        handles.insert(handle, (slot, counters, flow));
                                         if let (Some(grant), Ok(mut granted)) = (grant, granted.lock()) {
                                             // Bounded by the handle limit; a re-open adds no entry.
                                             if !granted.iter().any(|(g, _)| *g == grant) {
@@ -305,7 +304,7 @@ impl<R: DatasetResolver> Connection<R> {
                     let batch_id = request.batch_id.get();
                     let range_count = request.range_count.get();
                     let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
-                    let Some((slot, counters)) = handles.get(&request.handle.get()) else {
+                    let Some((slot, counters, flow)) = handles.get(&request.handle.get()) else {
                         let failed = Outgoing::Failed {
                             batch_id,
                             range_count,
@@ -321,14 +320,17 @@ impl<R: DatasetResolver> Connection<R> {
                         .iter()
                         .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
                         .collect();
-                    let batch_bytes: u64 = ranges.iter().map(|r| u64::from(r.len_bytes)).sum();
-                    let lane =
-                        if batch_bytes <= self.config.latency_batch_bytes_max { Lane::Latency } else { Lane::Bulk };
-                    let tally = Tally { counters: Arc::clone(counters), lane, submitted: std::time::Instant::now() };
+                    let tally = Tally { counters: Arc::clone(counters), submitted: std::time::Instant::now() };
                     let (reply, result) = oneshot::channel();
                     let outgoing = match self
                         .plane
-                        .submit(ReadBatch { dataset: slot, client_id: self.client_id, ranges, reply })
+                        .submit(ReadBatch {
+                            dataset: slot,
+                            client_id: self.client_id,
+                            flow: flow.flow(),
+                            ranges,
+                            reply,
+                        })
                         .await
                     {
                         Ok(()) => Outgoing::Batch { batch_id, range_count, result, permit, tally },
@@ -391,7 +393,8 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
                                 let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
                                 let failed = batch.statuses().len() as u64 - ok;
                                 let elapsed = tally.submitted.elapsed();
-                                tally.counters.record_batch(tally.lane, ok, failed, batch.payload_bytes(), elapsed);
+                                let lane = Lane::of(batch);
+                                tally.counters.record_batch(lane, ok, failed, batch.payload_bytes(), elapsed);
                             }
                             Err(_) => tally.counters.record_failed_batch(),
                         }

@@ -1,0 +1,84 @@
+//! The kernel's view of the node's I/O: `bpf/uring.bpf.c` on the io_uring
+//! tracepoints times each request the node submits, from submission to
+//! completion, as a log2 histogram beside the probes' batch latency.
+
+use aya::maps::{Array, MapData, MapError};
+use aya::programs::{ProgramError, TracePoint};
+use aya::{Ebpf, EbpfError, Pod};
+
+use crate::LATENCY_BUCKETS;
+
+/// The io_uring tracepoint program, as `bpf/build.sh` compiles it.
+pub static URING_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/uring.bpf.o");
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// `struct uring_stats` of `uring.bpf.c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct UringStats {
+    /// Requests of the node's process that completed.
+    pub requests: u64,
+    /// Of those, completions with a negative result.
+    pub errors: u64,
+    pub latency_log2_us: [u64; LATENCY_BUCKETS],
+}
+
+// SAFETY: a `repr(C)` struct of u64s, valid for every bit pattern.
+unsafe impl Pod for UringStats {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UringTraceError {
+    #[error("loading the io_uring trace: {0}")]
+    Load(#[from] EbpfError),
+    #[error("attaching the io_uring tracepoints: {0}")]
+    Program(#[from] ProgramError),
+    #[error("io_uring trace map: {0}")]
+    Map(#[from] MapError),
+    #[error("the io_uring trace object has no {0}")]
+    Missing(&'static str),
+    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed: {0}")]
+    Tracefs(std::io::Error),
+}
+
+/// The attached io_uring tracepoints.
+pub struct UringTracer {
+    bpf: Ebpf,
+}
+
+impl UringTracer {
+    /// Attaches to `io_uring:io_uring_submit_req` and `io_uring_complete`,
+    /// counting requests of process `tgid` only. Mounts tracefs at its
+    /// usual place first where nothing has (aya finds tracepoints there).
+    pub fn attach(tgid: u32) -> Result<Self, UringTraceError> {
+        ensure_tracefs()?;
+        let mut bpf = Ebpf::load(URING_OBJECT)?;
+        let mut target: Array<&mut MapData, u32> =
+            Array::try_from(bpf.map_mut("target_tgid").ok_or(UringTraceError::Missing("target_tgid"))?)?;
+        target.set(0, tgid, 0)?;
+        for (program, event) in [("submit_req", "io_uring_submit_req"), ("complete", "io_uring_complete")] {
+            let tracepoint: &mut TracePoint =
+                bpf.program_mut(program).ok_or(UringTraceError::Missing("a tracepoint program"))?.try_into()?;
+            tracepoint.load()?;
+            tracepoint.attach("io_uring", event)?;
+        }
+        Ok(Self { bpf })
+    }
+
+    pub fn snapshot(&self) -> Result<UringStats, UringTraceError> {
+        let stats: Array<&MapData, UringStats> =
+            Array::try_from(self.bpf.map("uring_stats").ok_or(UringTraceError::Missing("uring_stats"))?)?;
+        Ok(stats.get(&0, 0)?)
+    }
+}
+
+/// Mounts tracefs at /sys/kernel/tracing when it is empty (a system whose
+/// init did not), as `mount -t tracefs` would.
+fn ensure_tracefs() -> Result<(), UringTraceError> {
+    let populated = std::fs::read_dir(TRACEFS).map(|mut entries| entries.next().is_some()).unwrap_or(false);
+    if populated {
+        return Ok(());
+    }
+    nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(|e| UringTraceError::Tracefs(e.into()))
+}
