@@ -146,11 +146,35 @@ impl Node {
             );
         }
 
-        let data_listener = TcpListener::bind(config.listen).await.map_err(|source| NodeError::Bind {
-            what: "the data plane",
-            addr: config.listen,
-            source,
-        })?;
+        let steering = if config.ebpf {
+            match start_steering(&plane).await {
+                Ok(steering) => Some(steering),
+                Err(err) => {
+                    tracing::warn!("eBPF steering unavailable, lanes by batch size only: {err}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let bind_error = |source| NodeError::Bind { what: "the data plane", addr: config.listen, source };
+        // With steering, the data port is a SO_REUSEPORT group of two
+        // listeners and the sk_reuseport program picks one per connection.
+        let (data_listener, latency_listener) = match &steering {
+            Some(steering) => {
+                let (latency, bulk) = sluice_ebpf::steer::reuseport_pair(config.listen, 1024).map_err(bind_error)?;
+                steering.attach_listeners(&latency, &bulk).map_err(|e| bind_error(std::io::Error::other(e)))?;
+                let into_tokio = |listener: std::net::TcpListener| {
+                    listener.set_nonblocking(true)?;
+                    Ok::<_, std::io::Error>(listener)
+                };
+                (
+                    TcpListener::from_std(into_tokio(bulk).map_err(bind_error)?).map_err(bind_error)?,
+                    Some(into_tokio(latency).map_err(bind_error)?),
+                )
+            }
+            None => (TcpListener::bind(config.listen).await.map_err(bind_error)?, None),
+        };
         let control_listener = TcpListener::bind(config.control).await.map_err(|source| NodeError::Bind {
             what: "the control API",
             addr: config.control,
@@ -186,9 +210,23 @@ impl Node {
             } else {
                 sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES
             },
+            accepted: Arc::default(),
         };
         let resolver = Arc::new(Resolver(Arc::clone(&control)));
-        let mut tasks = Vec::with_capacity(3);
+        let mut tasks = Vec::with_capacity(4);
+        if let (Some(listener), Some(steering)) = (latency_listener, &steering) {
+            tasks.push(serve_latency_workers(
+                listener,
+                Arc::clone(&plane),
+                Arc::clone(&resolver),
+                ServerConfig { accepted: Arc::clone(&steering.latency_connections), ..server_config.clone() },
+                shutdown_rx.clone(),
+            ));
+        }
+        let server_config = match &steering {
+            Some(steering) => ServerConfig { accepted: Arc::clone(&steering.bulk_connections), ..server_config },
+            None => server_config,
+        };
         if let Some(listener) = rdma_listener {
             tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), shutdown_rx.clone()));
         }
@@ -209,8 +247,12 @@ impl Node {
                 tracing::error!("control API: {err}");
             }
         });
+        if let Some(steering) = steering {
+            control.set_policy_control(steering);
+        }
         if config.ebpf {
-            match attach_tracer(&control) {
+            let uring = matches!(config.driver, DriverChoice::Uring);
+            match attach_tracer(&control, uring) {
                 Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),
                 Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
             }
@@ -265,14 +307,124 @@ impl Node {
     }
 }
 
+/// Serves the latency-lane worker socket on a thread of its own (a
+/// current-thread runtime), so small-read connections never queue behind
+/// bulk connections' socket work on the main runtime.
+fn serve_latency_workers(
+    listener: std::net::TcpListener,
+    plane: Arc<DataPlane>,
+    resolver: Arc<Resolver>,
+    config: ServerConfig,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                tracing::error!("latency-lane workers: {err}");
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            match TcpListener::from_std(listener) {
+                Ok(listener) => serve(listener, plane, resolver, config, shutdown).await,
+                Err(err) => tracing::error!("latency-lane listener: {err}"),
+            }
+        });
+    })
+}
+
+/// The node's steering: the BPF side, and the connections each worker
+/// socket took.
+struct NodeSteering {
+    steering: std::sync::Mutex<sluice_ebpf::steer::Steering>,
+    latency_connections: Arc<std::sync::atomic::AtomicU64>,
+    bulk_connections: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Creates the steering maps, points the data plane at the decision
+/// array, and attaches the default policy.
+async fn start_steering(plane: &Arc<DataPlane>) -> Result<Arc<NodeSteering>, String> {
+    use sluice_ebpf::steer::{Steering, DEFAULT_POLICY_OBJECT};
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let mut steering = Steering::start(&exe, sluice_ebpf::Scope::ThisProcess).map_err(|e| {
+        if e.is_permission() {
+            format!("{e} (steering needs root, or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")
+        } else {
+            e.to_string()
+        }
+    })?;
+    plane.steer_with(steering.decisions()).await.map_err(|e| e.to_string())?;
+    steering.load_policy("default", DEFAULT_POLICY_OBJECT).map_err(|e| format!("default policy: {e}"))?;
+    tracing::info!("eBPF lane steering on, default policy attached");
+    Ok(Arc::new(NodeSteering {
+        steering: std::sync::Mutex::new(steering),
+        latency_connections: Arc::default(),
+        bulk_connections: Arc::default(),
+    }))
+}
+
+impl NodeSteering {
+    fn attach_listeners(&self, latency: &std::net::TcpListener, bulk: &std::net::TcpListener) -> Result<(), String> {
+        let mut steering = self.steering.lock().map_err(|_| "steering state poisoned".to_string())?;
+        steering.steer_listeners(latency, bulk).map_err(|e| format!("sk_reuseport: {e}"))
+    }
+}
+
+impl sluice_control::PolicyControl for NodeSteering {
+    fn show(&self) -> serde_json::Value {
+        let Ok(steering) = self.steering.lock() else {
+            return serde_json::json!({ "available": false, "reason": "steering state poisoned" });
+        };
+        let (none, latency, bulk) = steering.decision_counts();
+        let ordering = std::sync::atomic::Ordering::Relaxed;
+        serde_json::json!({
+            "available": true,
+            "policy": steering.policy(),
+            "swaps": steering.swaps(),
+            "flows": { "undecided": none, "latency": latency, "bulk": bulk },
+            "connections": {
+                "latency_workers": self.latency_connections.load(ordering),
+                "bulk_workers": self.bulk_connections.load(ordering),
+            },
+        })
+    }
+
+    fn load(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, String> {
+        let mut steering = self.steering.lock().map_err(|_| "steering state poisoned".to_string())?;
+        let info = steering.load_policy(name, object).map_err(|e| e.to_string())?;
+        tracing::info!(policy = %info.name, hash = %info.object_hash, "steering policy swapped");
+        serde_json::to_value(info).map_err(|e| e.to_string())
+    }
+
+    fn unload(&self) -> Result<serde_json::Value, String> {
+        let mut steering = self.steering.lock().map_err(|_| "steering state poisoned".to_string())?;
+        let old = steering.unload_policy().map_err(|e| e.to_string())?;
+        tracing::info!("steering policy unloaded; lanes by batch size");
+        Ok(serde_json::json!({ "unloaded": old }))
+    }
+}
+
 /// Slow batches kept for `GET /v1/trace`.
 const SLOW_BATCHES_KEPT: usize = 64;
 
 /// Attaches the trace program to this process's probe functions and serves
 /// its maps through the control plane.
-fn attach_tracer(control: &Arc<ControlPlane>) -> Result<(), String> {
+fn attach_tracer(control: &Arc<ControlPlane>, uring: bool) -> Result<(), String> {
     use sluice_ebpf::{Scope, Tracer};
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    // The kernel's side: the io_uring backend's requests, from tracepoints.
+    let kernel = if uring {
+        match sluice_ebpf::uring::UringTracer::attach(std::process::id()) {
+            Ok(tracer) => Ok(tracer),
+            Err(err) => {
+                tracing::warn!("io_uring tracepoints unavailable: {err}");
+                Err(err.to_string())
+            }
+        }
+    } else {
+        Err("the node's driver is not io_uring".to_string())
+    };
     let tracer = Tracer::attach(&exe, Scope::ThisProcess, std::time::Duration::from_millis(10)).map_err(|e| {
         if e.is_permission() {
             format!("{e} (loading BPF needs root, or CAP_BPF and CAP_PERFMON)")
@@ -333,7 +485,18 @@ fn attach_tracer(control: &Arc<ControlPlane>) -> Result<(), String> {
                 })
             })
             .collect();
-        serde_json::json!({ "available": true, "entries": entries, "slow_batches": slow_batches })
+        let kernel = match kernel.as_ref().map(|t| t.snapshot()) {
+            Ok(Ok(stats)) => serde_json::json!({
+                "available": true,
+                "source": "io_uring:io_uring_submit_req -> io_uring:io_uring_complete",
+                "requests": stats.requests,
+                "errors": stats.errors,
+                "latency_log2_us": stats.latency_log2_us.to_vec(),
+            }),
+            Ok(Err(err)) => serde_json::json!({ "available": false, "reason": err.to_string() }),
+            Err(reason) => serde_json::json!({ "available": false, "reason": reason }),
+        };
+        serde_json::json!({ "available": true, "entries": entries, "slow_batches": slow_batches, "kernel": kernel })
     }));
     Ok(())
 }

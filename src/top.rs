@@ -79,10 +79,44 @@ fn log2_bars(histogram: &Value) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The upper bound of the log2 bucket holding quantile `q` (0..=1) of
+/// `histogram`, whose bucket i holds values up to 2^(i+1).
+pub fn log2_quantile(histogram: &Value, q: f64) -> Option<u64> {
+    let counts: Vec<u64> = histogram.as_array().into_iter().flatten().map(|v| v.as_u64().unwrap_or(0)).collect();
+    let total: u64 = counts.iter().sum();
+    let target = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (bucket, count) in counts.iter().enumerate() {
+        seen += count;
+        if total > 0 && seen >= target {
+            return Some(2u64 << bucket);
+        }
+    }
+    None
+}
+
+/// One line on the kernel's side of the node's I/O (io_uring tracepoints),
+/// shown beside the probes' per-batch view.
+pub fn kernel_line(snapshot: &Value) -> String {
+    let kernel = &snapshot["kernel"];
+    if kernel["available"] != Value::Bool(true) {
+        return format!("kernel io_uring: not traced ({})", kernel["reason"].as_str().unwrap_or("no data"));
+    }
+    let quantile = |q| log2_quantile(&kernel["latency_log2_us"], q).map_or("-".into(), |v| format!("<{v}"));
+    format!(
+        "kernel io_uring: {} requests, {} errors, request latency p50 {} us, p99 {} us",
+        kernel["requests"],
+        kernel["errors"],
+        quantile(0.5),
+        quantile(0.99)
+    )
+}
+
 /// Draws one frame.
 pub fn draw(frame: &mut Frame<'_>, snapshot: &Value, state: &mut TopState) {
-    let [table_area, charts_area, footer_area] =
-        Layout::vertical([Constraint::Min(5), Constraint::Length(12), Constraint::Length(1)]).areas(frame.area());
+    let [table_area, charts_area, kernel_area, footer_area] =
+        Layout::vertical([Constraint::Min(5), Constraint::Length(12), Constraint::Length(1), Constraint::Length(1)])
+            .areas(frame.area());
     if snapshot["available"] != Value::Bool(true) {
         let reason = snapshot["reason"].as_str().unwrap_or("unknown");
         frame.render_widget(
@@ -141,6 +175,7 @@ pub fn draw(frame: &mut Frame<'_>, snapshot: &Value, state: &mut TopState) {
         let chart = BarChart::default().block(Block::bordered().title(title(what))).bar_width(5).bar_gap(1).data(&data);
         frame.render_widget(chart, area);
     }
+    frame.render_widget(Paragraph::new(kernel_line(snapshot)), kernel_area);
     let slow = snapshot["slow_batches"].as_array().map_or(0, Vec::len);
     frame.render_widget(
         Paragraph::new(format!("slow batches (>= 10 ms) kept: {slow}    q: quit   up/down: select")),
@@ -198,7 +233,9 @@ mod tests {
                 {"dataset_id": 2, "dataset": "books", "lane": "bulk", "batches": 2, "ranges": 2,
                  "bytes": 2097152, "failed_ranges": 1, "size_log2": [], "latency_log2_us": []}
             ],
-            "slow_batches": [{"dataset_id": 1}]
+            "slow_batches": [{"dataset_id": 1}],
+            "kernel": {"available": true, "requests": 100, "errors": 0,
+                       "latency_log2_us": [0, 0, 0, 0, 0, 50, 49, 0, 1]}
         })
     }
 
@@ -220,6 +257,10 @@ mod tests {
         assert!(text.contains("batch latency (us, log2) — wiki / latency"), "selected row's histogram: {text}");
         assert!(text.contains("1K"), "latency bucket labels: {text}");
         assert!(text.contains("slow batches (>= 10 ms) kept: 1"));
+        assert!(
+            text.contains("kernel io_uring: 100 requests, 0 errors, request latency p50 <64 us, p99 <128 us"),
+            "{text}"
+        );
         state.step(true, 2);
         terminal.draw(|f| draw(f, &snapshot(25), &mut state)).expect("draw");
         assert!(screen(&terminal).contains("— books / bulk"), "selection moves down");

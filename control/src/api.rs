@@ -26,6 +26,13 @@ pub fn router(control: Shared) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/v1/devices", get(devices))
         .route("/v1/trace", get(trace))
+        .route(
+            "/v1/policy",
+            get(show_policy)
+                .put(load_policy)
+                .delete(unload_policy)
+                .layer(DefaultBodyLimit::max(crate::node::POLICY_OBJECT_BYTES_MAX)),
+        )
         .route("/v1/datasets", get(list).post(create))
         .route("/v1/datasets/{name}", get(stat).delete(remove))
         .route("/v1/datasets/{name}/ingest", post(ingest).layer(DefaultBodyLimit::disable()))
@@ -71,6 +78,8 @@ impl From<ControlError> for ApiError {
             ControlError::Catalog(CatalogError::GrantsFull) => StatusCode::INSUFFICIENT_STORAGE,
             ControlError::BadGrant(_) => StatusCode::BAD_REQUEST,
             ControlError::UnknownGrant(_) => StatusCode::NOT_FOUND,
+            ControlError::Steering(_) => StatusCode::CONFLICT,
+            ControlError::BadPolicy(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: err.code().to_string(), message: err.to_string() }
@@ -100,6 +109,9 @@ fn bad_request(message: impl Into<String>) -> ApiError {
         metrics,
         devices,
         trace,
+        show_policy,
+        load_policy,
+        unload_policy,
         list,
         create,
         stat,
@@ -281,6 +293,39 @@ async fn stage_index(
 ) -> Result<Json<Staged>, ApiError> {
     let records = control.stage_offsets(&name, &body, query.format.unwrap_or(IngestFormat::Raw))?;
     Ok(Json(Staged { records }))
+}
+
+/// The lane-steering policy attached now, or why there is none.
+#[utoipa::path(get, path = "/v1/policy", tag = "operations", responses((status = 200, description = "policy, decision counts and swaps", body = Object)))]
+async fn show_policy(State(control): State<Shared>) -> impl IntoResponse {
+    Json(control.policy())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct PolicyQuery {
+    /// A name to show for it (the file name).
+    name: Option<String>,
+}
+
+/// Swaps the lane-steering policy at run time: the body is a BPF object
+/// with a uprobe `lane_policy` and the maps of `sluice_steer.h`.
+#[utoipa::path(put, path = "/v1/policy", tag = "operations", params(PolicyQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, body = Object), (status = 400, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
+async fn load_policy(
+    State(control): State<Shared>,
+    Query(query): Query<PolicyQuery>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let name = query.name.unwrap_or_else(|| "unnamed".into());
+    let loaded = tokio::task::spawn_blocking(move || control.load_policy(&name, &body))
+        .await
+        .map_err(|e| bad_request(format!("policy load task: {e}")))??;
+    Ok(Json(loaded))
+}
+
+/// Detaches the policy: the batch-size threshold decides lanes again.
+#[utoipa::path(delete, path = "/v1/policy", tag = "operations", responses((status = 200, body = Object), (status = 409, body = ApiErrorBody)))]
+async fn unload_policy(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.unload_policy()?))
 }
 
 /// Verifies every chunk of a sealed dataset as read through the data plane.

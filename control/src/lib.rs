@@ -16,5 +16,7 @@ pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
-pub use node::{ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool, Resolver, ScrubReport};
+pub use node::{
+    ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool, PolicyControl, Resolver, ScrubReport,
+};
 pub use sluice_rdma::NodeInfo;

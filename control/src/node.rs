@@ -49,6 +49,10 @@ pub enum ControlError {
     BadGrant(String),
     #[error("no grant {0}")]
     UnknownGrant(u64),
+    #[error("{0}")]
+    Steering(String),
+    #[error("policy refused: {0}")]
+    BadPolicy(String),
 }
 
 impl ControlError {
@@ -62,6 +66,8 @@ impl ControlError {
             Self::Catalog(CatalogError::GrantsFull) => "grants_full",
             Self::BadGrant(_) => "bad_input",
             Self::UnknownGrant(_) => "unknown_grant",
+            Self::Steering(_) => "steering_off",
+            Self::BadPolicy(_) => "bad_policy",
             Self::Catalog(_) => "catalog",
             Self::Ingest(IngestError::NoSpace { .. }) => "no_space",
             Self::Ingest(_) => "bad_input",
@@ -99,6 +105,7 @@ pub struct ControlPlane {
     busy: Mutex<HashSet<String>>,
     info: RwLock<NodeInfo>,
     trace: RwLock<Option<TraceSource>>,
+    policy: RwLock<Option<Arc<dyn PolicyControl>>>,
     /// Grants by token hash, mirrored from the catalog.
     grants: RwLock<HashMap<String, GrantRecord>>,
     /// Bumped at every revocation; sessions re-check their grants.
@@ -138,6 +145,22 @@ pub struct NamespacePool {
 
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
 pub type TraceSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// The node's lane-steering policy as the control API manages it; the BPF
+/// side lives with the node binary, which sets this at start with `--ebpf`.
+pub trait PolicyControl: Send + Sync {
+    /// The policy attached now, decision counts, swaps so far.
+    fn show(&self) -> serde_json::Value;
+    /// Loads `object` (a BPF ELF object) as the policy, replacing the one
+    /// attached; on error the old one stays.
+    fn load(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, String>;
+    /// Detaches the policy; the size threshold decides again.
+    fn unload(&self) -> Result<serde_json::Value, String>;
+}
+
+/// Largest policy object `PUT /v1/policy` takes.
+pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
+const STEERING_OFF: &str = "lane steering is off: start sluiced with --ebpf (as root)";
 
 /// Marks a dataset busy for the life of one ingest, seal or delete.
 pub struct BusyGuard<'a> {
@@ -202,6 +225,7 @@ impl ControlPlane {
             busy: Mutex::new(HashSet::new()),
             info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
             trace: RwLock::new(None),
+            policy: RwLock::new(None),
             grants: RwLock::new(HashMap::new()),
             revocations: tokio::sync::watch::Sender::new(0),
             insecure: std::sync::atomic::AtomicBool::new(false),
@@ -266,6 +290,41 @@ impl ControlPlane {
         if let Ok(mut trace) = self.trace.write() {
             *trace = Some(source);
         }
+    }
+
+    /// Sets what manages the steering policy (the node's eBPF steering).
+    pub fn set_policy_control(&self, control: Arc<dyn PolicyControl>) {
+        if let Ok(mut policy) = self.policy.write() {
+            *policy = Some(control);
+        }
+    }
+
+    fn policy_control(&self) -> Result<Arc<dyn PolicyControl>, ControlError> {
+        self.policy.read().ok().and_then(|p| p.clone()).ok_or_else(|| ControlError::Steering(STEERING_OFF.into()))
+    }
+
+    /// The steering policy now, or why there is none.
+    pub fn policy(&self) -> serde_json::Value {
+        match self.policy_control() {
+            Ok(control) => control.show(),
+            Err(err) => serde_json::json!({ "available": false, "reason": err.to_string() }),
+        }
+    }
+
+    /// Swaps in the policy in `object`.
+    pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, ControlError> {
+        if object.is_empty() || object.len() > POLICY_OBJECT_BYTES_MAX {
+            return Err(ControlError::BadPolicy(format!(
+                "a policy object is 1 to {POLICY_OBJECT_BYTES_MAX} bytes; got {}",
+                object.len()
+            )));
+        }
+        self.policy_control()?.load(name, object).map_err(ControlError::BadPolicy)
+    }
+
+    /// Detaches the steering policy.
+    pub fn unload_policy(&self) -> Result<serde_json::Value, ControlError> {
+        self.policy_control()?.unload().map_err(ControlError::Steering)
     }
 
     /// The current trace snapshot, or why there is none.

@@ -43,6 +43,10 @@ enum Command {
     /// Issue, list and revoke access grants (a token per client and dataset).
     #[command(subcommand)]
     Grant(GrantCommand),
+    /// The lane-steering policy (eBPF): show it, swap it at run time, or
+    /// unload it so the batch-size threshold decides.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Where datasets live: namespace devices and the data directory.
     #[command(subcommand)]
     Devices(ListCommand),
@@ -151,6 +155,17 @@ enum GrantCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// The policy attached now, flows per decision, connections per worker.
+    Show,
+    /// Swap in a policy: a BPF object (clang -target bpf) with a uprobe
+    /// `lane_policy` and the maps of ebpf/include/sluice_steer.h.
+    Load { object: PathBuf },
+    /// Detach the policy and forget its decisions.
+    Unload,
+}
+
+#[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// Random reads through the client, as a training job would issue them.
     Read {
@@ -215,6 +230,7 @@ fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Grant(command) => grant(&api, cli.json, command),
+        Command::Policy(command) => policy(&api, cli.json, command),
         Command::Devices(ListCommand::Ls) => devices(&api, cli.json),
         Command::Namespaces(ListCommand::Ls) => namespaces(&api, cli.json),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
@@ -329,6 +345,64 @@ fn namespaces(api: &Api, json: bool) -> Result<()> {
             r.length_bytes,
             r.namespace.reason
         );
+    }
+    Ok(())
+}
+
+fn policy(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
+    let answer: Value = match command {
+        PolicyCommand::Show => api.get_json("/v1/policy")?,
+        PolicyCommand::Load { object } => {
+            let bytes = std::fs::read(object).map_err(|e| format!("{}: {e}", object.display()))?;
+            let name = object.file_name().map_or_else(|| "policy".into(), |n| n.to_string_lossy().into_owned());
+            let request = ureq::put(&api.url("/v1/policy"))
+                .query("name", &name)
+                .set("content-type", "application/octet-stream")
+                .send_bytes(&bytes);
+            api.call(request)?.into_json().map_err(|e| e.to_string())?
+        }
+        PolicyCommand::Unload => {
+            api.call(ureq::delete(&api.url("/v1/policy")).call())?.into_json().map_err(|e| e.to_string())?
+        }
+    };
+    if json {
+        println!("{answer}");
+        return Ok(());
+    }
+    match command {
+        PolicyCommand::Show if answer["available"] == false => {
+            println!("no steering: {}", answer["reason"].as_str().unwrap_or("unknown"));
+        }
+        PolicyCommand::Show => {
+            let policy = &answer["policy"];
+            match policy["name"].as_str() {
+                Some(name) => println!(
+                    "policy {name} ({}, {} bytes)",
+                    policy["object_hash"].as_str().unwrap_or(""),
+                    policy["object_bytes"]
+                ),
+                None => println!("no policy: lanes by batch size"),
+            }
+            let flows = &answer["flows"];
+            println!("flows: {} latency, {} bulk, {} undecided", flows["latency"], flows["bulk"], flows["undecided"]);
+            let connections = &answer["connections"];
+            println!(
+                "connections accepted: {} on latency-lane workers, {} on bulk-lane workers",
+                connections["latency_workers"], connections["bulk_workers"]
+            );
+            println!("policy swaps since start: {}", answer["swaps"]);
+        }
+        PolicyCommand::Load { .. } => {
+            println!(
+                "policy {} attached ({})",
+                answer["name"].as_str().unwrap_or(""),
+                answer["object_hash"].as_str().unwrap_or("")
+            );
+        }
+        PolicyCommand::Unload => match answer["unloaded"]["name"].as_str() {
+            Some(name) => println!("policy {name} detached; lanes by batch size"),
+            None => println!("no policy was attached; lanes by batch size"),
+        },
     }
     Ok(())
 }
@@ -760,20 +834,6 @@ fn top(api: &Api, once: bool, interval: f64, json: bool) -> Result<()> {
     }
 }
 
-/// The median of a log2 histogram, as the bucket's upper bound.
-fn log2_median(buckets: &[Value]) -> Option<u64> {
-    let counts: Vec<u64> = buckets.iter().map(|b| b.as_u64().unwrap_or(0)).collect();
-    let total: u64 = counts.iter().sum();
-    let mut seen = 0;
-    for (bucket, count) in counts.iter().enumerate() {
-        seen += count;
-        if total > 0 && seen * 2 >= total {
-            return Some(2u64 << bucket);
-        }
-    }
-    None
-}
-
 fn render_top(snapshot: &Value, previous: &mut std::collections::HashMap<(u64, String), u64>, interval: f64) -> String {
     if snapshot["available"] != Value::Bool(true) {
         return format!("no trace: {}\n", snapshot["reason"].as_str().unwrap_or("unknown"));
@@ -788,8 +848,8 @@ fn render_top(snapshot: &Value, previous: &mut std::collections::HashMap<(u64, S
         let batches = entry["batches"].as_u64().unwrap_or(0);
         let rate = previous.insert((id, lane.clone()), batches).map(|p| (batches - p.min(batches)) as f64 / interval);
         let name = entry["dataset"].as_str().map(str::to_string).unwrap_or_else(|| format!("#{id}"));
-        let size = entry["size_log2"].as_array().and_then(|h| log2_median(h));
-        let latency = entry["latency_log2_us"].as_array().and_then(|h| log2_median(h));
+        let size = sluice::top::log2_quantile(&entry["size_log2"], 0.5);
+        let latency = sluice::top::log2_quantile(&entry["latency_log2_us"], 0.5);
         out.push_str(&format!(
             "{:<24} {:<8} {:>10} {:>9} {:>12} {:>14} {:>8} {:>12} {:>14}\n",
             name,
@@ -805,5 +865,7 @@ fn render_top(snapshot: &Value, previous: &mut std::collections::HashMap<(u64, S
     }
     let slow = snapshot["slow_batches"].as_array().map_or(0, Vec::len);
     out.push_str(&format!("slow batches (>= 10 ms) kept: {slow}\n"));
+    out.push_str(&sluice::top::kernel_line(snapshot));
+    out.push('\n');
     out
 }

@@ -67,6 +67,9 @@ pub struct ServerConfig {
     /// Batch limits announced to clients, which split their batches to fit.
     pub ranges_per_batch_max: u32,
     pub batch_footprint_max_bytes: u64,
+    /// Counts connections this listener accepted (shared with whoever
+    /// reports on the listener: the node's steering, per worker socket).
+    pub accepted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +81,7 @@ impl Default for ServerConfig {
             connections_max: 4096,
             ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
             batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
+            accepted: Arc::default(),
         }
     }
 }
@@ -108,6 +112,7 @@ pub async fn serve<R: DatasetResolver>(
                         continue;
                     };
                     next_client_id = next_client_id.wrapping_add(1);
+                    config.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let connection = Connection {
                         client_id: next_client_id,
                         plane: Arc::clone(&plane),
