@@ -68,8 +68,13 @@ pub struct NodeConfig {
     pub connections_max: usize,
     /// Drop root for this user once devices and ports are open.
     pub user: Option<String>,
-    /// Attach the eBPF trace program to this node's probes (needs root).
+    /// Attach the eBPF trace and the steering policy to this node's probes,
+    /// and steer the data port with sk_reuseport (needs root).
     pub ebpf: bool,
+    /// Without a policy decision, batches asking for at most this many
+    /// bytes take the latency lane; 0 puts every batch in the bulk lane
+    /// (one FIFO lane: the baseline of the steering benchmark).
+    pub latency_lane_max_bytes: u64,
     /// Serve without access grants: any client reaching the data port reads
     /// any sealed dataset. Local development only; the node warns.
     pub insecure: bool,
@@ -110,6 +115,7 @@ impl Default for NodeConfig {
             connections_max: 4096,
             user: None,
             ebpf: false,
+            latency_lane_max_bytes: 512 * 1024,
             insecure: false,
             faults: None,
         }

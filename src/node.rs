@@ -126,6 +126,7 @@ impl Node {
             queue_depth: config.queue_depth,
             verify_chunks: config.verify_chunks,
             verify_all_reads: config.verify_all_reads,
+            latency_batch_bytes_max: config.latency_lane_max_bytes,
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);

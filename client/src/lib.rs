@@ -31,7 +31,7 @@ use zerocopy_le::{U32, U64};
 
 pub use sluice_dataplane::{RangeStatus, CHUNK_SIZE_BYTES};
 use transport::{Landing, Transport};
-pub use transport::{ReadBuffer, TransportChoice, TRANSPORT_ENV};
+pub use transport::{ReadBuffer, TransportChoice, SOURCE_ADDR_ENV, TRANSPORT_ENV};
 
 mod zerocopy_le {
     pub use sluice_rdma::wire::le::{U32, U64};

@@ -18,6 +18,10 @@ use crate::ClientError;
 
 /// Where a job finds its transport choice when the code names none.
 pub const TRANSPORT_ENV: &str = "SLUICE_TRANSPORT";
+/// The local address a TCP data connection leaves from, on hosts with more
+/// than one (`SLUICE_SOURCE_ADDR=10.0.0.7`). The node's steering decides
+/// per peer address which workers a new connection lands on.
+pub const SOURCE_ADDR_ENV: &str = "SLUICE_SOURCE_ADDR";
 
 /// Which transport to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -113,7 +117,11 @@ impl Transport {
 
     async fn tcp(node: &NodeInfo, client_name: &str) -> Result<Self, ClientError> {
         let addr = node.data_addr.parse().map_err(|_| ClientError::BadAddress(node.data_addr.clone()))?;
-        Ok(Self::Tcp(TcpClient::connect(addr, client_name).await?))
+        let source = match std::env::var(SOURCE_ADDR_ENV) {
+            Ok(text) => Some(text.parse().map_err(|_| ClientError::BadAddress(format!("{SOURCE_ADDR_ENV}={text}")))?),
+            Err(_) => None,
+        };
+        Ok(Self::Tcp(TcpClient::connect_from(addr, source, client_name).await?))
     }
 
     pub(crate) fn name(&self) -> &'static str {

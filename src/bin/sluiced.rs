@@ -48,9 +48,14 @@ struct Args {
     /// Run as this user once devices, memory and ports are set up (root).
     #[arg(long)]
     user: Option<String>,
-    /// Trace small-read traffic with eBPF (needs root; `sluicectl top`).
+    /// Trace small-read traffic with eBPF and steer it into the latency
+    /// lane (needs root; `sluicectl top`, `sluicectl policy`).
     #[arg(long)]
     ebpf: bool,
+    /// Batches of at most this many bytes take the latency lane where no
+    /// policy decides; 0 for a single (bulk) lane.
+    #[arg(long, value_name = "BYTES")]
+    latency_lane_max_bytes: Option<u64>,
     /// Serve without access grants (local development only): any client
     /// that reaches the data port reads any sealed dataset.
     #[arg(long)]
@@ -89,6 +94,9 @@ fn main() -> ExitCode {
         config.cores = cores;
     }
     config.ebpf |= args.ebpf;
+    if let Some(bytes) = args.latency_lane_max_bytes {
+        config.latency_lane_max_bytes = bytes;
+    }
     config.insecure |= args.insecure;
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;

@@ -83,7 +83,27 @@ pub struct TcpClient {
 impl TcpClient {
     /// Connects and shakes hands.
     pub async fn connect(addr: SocketAddr, client_name: &str) -> Result<Self, TransportError> {
-        let stream = TcpStream::connect(addr).await.map_err(|source| TransportError::Connect { addr, source })?;
+        Self::connect_from(addr, None, client_name).await
+    }
+
+    /// Connects from local address `source` (any port), or the one the
+    /// route picks when `None`, and shakes hands.
+    pub async fn connect_from(
+        addr: SocketAddr,
+        source: Option<std::net::IpAddr>,
+        client_name: &str,
+    ) -> Result<Self, TransportError> {
+        let connect_error = |source| TransportError::Connect { addr, source };
+        let stream = match source {
+            None => TcpStream::connect(addr).await.map_err(connect_error)?,
+            Some(local) => {
+                let socket =
+                    if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
+                let socket = socket.map_err(connect_error)?;
+                socket.bind(SocketAddr::new(local, 0)).map_err(connect_error)?;
+                socket.connect(addr).await.map_err(connect_error)?
+            }
+        };
         stream.set_nodelay(true)?;
         let (reader, writer) = stream.into_split();
         let shared = Arc::new(Mutex::new(Shared::default()));

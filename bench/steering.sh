@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Small reads beside bulk reads on one node: the small-read client's batch
+# latency and the bulk clients' throughput under three lane set-ups,
+# alternating ROUNDS times, SECONDS each:
+#   one-lane   --latency-lane-max-bytes 0: every batch in one FIFO lane
+#   threshold  the size threshold alone (batches <= 512 KiB first; no eBPF)
+#   ebpf       --ebpf: the default policy decides per flow, and the
+#              sk_reuseport program puts the small reader's connection on
+#              the latency-lane workers (a 1 s warm-up lets the policy see
+#              the peer before the measured connection opens)
+# The small reader leaves from 127.0.0.2 and the bulk readers from
+# 127.0.0.3 (SLUICE_SOURCE_ADDR), so the node can tell the peers apart.
+# Needs root for --ebpf.
+#
+#   bench/steering.sh [ROUNDS] [SECONDS] [BULK_CLIENTS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+SECONDS_EACH=${2:-5}
+BULK_CLIENTS=${3:-2}
+cargo build --release -q --bin sluiced --bin sluicectl
+BIN=target/release
+WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-steer.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+start_node() { # extra flags
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered --insecure "$@" \
+        >"$WORK/node.out" 2>"$WORK/node.err" &
+    NODE_PID=$!
+    for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
+    export SLUICE_ENDPOINT=$(grep -o 'http://[0-9.:]*' "$WORK/node.out")
+}
+stop_node() { kill "$NODE_PID"; wait "$NODE_PID" || true; }
+small() { # seconds
+    SLUICE_SOURCE_ADDR=127.0.0.2 "$BIN/sluicectl" bench read steer --size 4096 --batch 16 --inflight 1 --seconds "$1" --json
+}
+bulk() { # seconds
+    SLUICE_SOURCE_ADDR=127.0.0.3 "$BIN/sluicectl" bench read steer --size 1048576 --batch 4 --inflight 4 --seconds "$1" --json
+}
+field() { sed "s/.*\"$1\":\([0-9.]*\).*/\1/"; }
+
+run() { # name, node flags...
+    local name=$1
+    shift
+    start_node "$@"
+    if [ "$name" = ebpf ]; then
+        "$BIN/sluicectl" --json policy show | grep -q '"available":true' || { echo "steering did not start (root?)" >&2; exit 1; }
+        small 1 >/dev/null
+        bulk 1 >/dev/null
+    fi
+    for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+    sleep 0.5
+    small "$SECONDS_EACH" >"$WORK/small.json"
+    wait $(jobs -p | grep -v "^$NODE_PID\$") 2>/dev/null || true
+    local workers=""
+    if [ "$name" = ebpf ]; then
+        workers=$("$BIN/sluicectl" --json policy show | sed 's/.*"latency_workers":\([0-9]*\).*/\1/')
+    fi
+    stop_node
+    local gbs=0
+    for i in $(seq "$BULK_CLIENTS"); do gbs=$(python3 -c "print($gbs + $(field gb_per_s <"$WORK/bulk.$i.json"))"); done
+    printf '| %d | %s | %s | %s | %s | %.0f | %.2f | %s |\n' "$round" "$name" \
+        "$(field batch_latency_us_p50 <"$WORK/small.json")" "$(field batch_latency_us_p99 <"$WORK/small.json")" \
+        "$(field batch_latency_us_p999 <"$WORK/small.json")" "$(field iops <"$WORK/small.json")" "$gbs" "${workers:--}"
+}
+
+start_node
+head -c $((256 << 20)) /dev/urandom >"$WORK/data.bin"
+"$BIN/sluicectl" dataset create steer --kind bytes >/dev/null
+"$BIN/sluicectl" dataset ingest steer "$WORK/data.bin" >/dev/null
+"$BIN/sluicectl" dataset seal steer >/dev/null
+stop_node
+
+echo "| round | lanes | small p50 us | small p99 us | small p99.9 us | small reads/s | bulk GB/s | latency-worker connections |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+for round in $(seq "$ROUNDS"); do
+    run one-lane --latency-lane-max-bytes 0
+    run threshold
+    run ebpf --ebpf
+done
