@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Cost of the eBPF trace: `sluicectl bench read` (4 KiB, batches of 64) on
-# the same dataset with the node started with and without --ebpf,
-# alternating ROUNDS times, SECONDS each. Needs root for --ebpf.
+# Cost of the eBPF probes: `sluicectl bench read` (4 KiB, batches of 64) on
+# the same dataset with the node started with and without --ebpf (trace,
+# default steering policy, io_uring tracepoints, sk_reuseport), alternating
+# ROUNDS times, SECONDS each. IO_MODE=buffered (default: page cache, the
+# CPU-bound worst case) or direct (O_DIRECT, device-bound). Needs root.
 #
-#   bench/probe-overhead.sh [ROUNDS] [SECONDS]
+#   [IO_MODE=direct] bench/probe-overhead.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 SECONDS_EACH=${2:-5}
+IO_MODE=${IO_MODE:-buffered}
 cargo build --release -q --bin sluiced --bin sluicectl
 BIN=target/release
 WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-probe.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # extra flags
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered --insecure "$@" \
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" --insecure "$@" \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
     for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
