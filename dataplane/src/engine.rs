@@ -502,6 +502,8 @@ struct CoreEngine {
     /// Waiting batches per lane, with their probes: latency first, then bulk.
     waiting: [VecDeque<(ReadBatch, BatchProbe)>; 2],
     latency_batch_bytes_max: u64,
+    /// Submission queue depth; bulk batches use at most 3/4 of it.
+    queue_depth: u32,
     /// The steering policy's per-flow decisions, once steering starts.
     decisions: Option<Arc<dyn LaneDecisions>>,
     active: Vec<Option<ActiveBatch>>,
@@ -541,6 +543,7 @@ impl CoreEngine {
                 VecDeque::with_capacity(config.batches_waiting_max),
             ],
             latency_batch_bytes_max: config.latency_batch_bytes_max,
+            queue_depth: config.queue_depth.max(1),
             decisions: None,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
@@ -798,11 +801,27 @@ impl CoreEngine {
     }
 
     /// Pushes block retries and units of active batches while the queue
-    /// has room.
+    /// has room: latency-lane batches first, then bulk ones only while they
+    /// leave a quarter of the queue to the latency lane, so a small read
+    /// never waits behind a device queue full of bulk reads.
     fn push_units(&mut self) {
+        self.push_lane_units(LANE_LATENCY, u32::MAX);
+        let bulk_in_flight_max = self.queue_depth - self.queue_depth / LATENCY_RESERVE_DIVISOR as u32;
+        self.push_lane_units(LANE_BULK, bulk_in_flight_max.max(1));
+    }
+
+    /// Pushes the units of `lane`'s active batches while fewer than
+    /// `in_flight_max` reads are in the queue.
+    fn push_lane_units(&mut self, lane: u8, in_flight_max: u32) {
         for index in 0..self.active.len() {
             let Some(batch) = self.active[index].as_mut() else { continue };
+            if batch.probe.lane != lane {
+                continue;
+            }
             while let Some(&(unit_index, block)) = batch.retries.front() {
+                if self.queue.in_flight() >= in_flight_max {
+                    return;
+                }
                 let unit = batch.plan.units[unit_index as usize];
                 let at = unit.slot_offset_bytes as usize + (block * batch.block_size_bytes) as usize;
                 let io = ReadIo {
@@ -821,6 +840,9 @@ impl CoreEngine {
                 batch.retries.pop_front();
             }
             while batch.units_pushed < batch.plan.units.len() {
+                if self.queue.in_flight() >= in_flight_max {
+                    return;
+                }
                 let unit_index = batch.units_pushed;
                 let unit = batch.plan.units[unit_index];
                 let buf = batch
@@ -1174,5 +1196,46 @@ mod tests {
             assert!(matches!(plane.read(slot, too_big).await, Err(SubmitError::TooLarge { .. })));
         });
         plane.shutdown();
+    }
+
+    /// Latency-lane units go to the queue before bulk ones, and bulk
+    /// batches leave room for them: a small read that arrives while a slow
+    /// 4 MiB batch (32 units, each delayed 20 ms, queue depth 4) is being
+    /// read is pushed before the bulk batch's remaining units, not after.
+    #[test]
+    fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
+        use crate::driver::{FaultPlan, FaultyDriver};
+        let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+        ns.write_at(0, &vec![3u8; 8 << 20]).expect("write");
+        let plan =
+            FaultPlan { delays: vec![(0..(4 << 20), std::time::Duration::from_millis(20))], ..FaultPlan::default() };
+        let driver = Arc::new(FaultyDriver::new(Arc::new(MemDriver), plan));
+        let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
+        let plane = Arc::new(DataPlane::start(Arc::clone(&driver) as Arc<dyn BlockDriver>, config).expect("start"));
+        let view = DatasetView {
+            dataset_id: 1,
+            namespace: ns,
+            base_offset_bytes: 0,
+            length_bytes: 8 << 20,
+            chunk_crcs: Arc::from([]),
+        };
+        let small_offset = 6 << 20;
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            let bulk_plane = Arc::clone(&plane);
+            let bulk = tokio::spawn(async move {
+                bulk_plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4 << 20 }]).await
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            let small = plane.read(slot, vec![ByteRange { offset_bytes: small_offset, len_bytes: 4096 }]).await;
+            assert_eq!(small.expect("small read").statuses(), &[RangeStatus::Ok]);
+            let bulk = bulk.await.expect("join").expect("bulk");
+            assert_eq!(bulk.payload_bytes(), 4 << 20);
+        });
+        plane.shutdown();
+        let pushed = driver.pushed_offsets();
+        assert_eq!(pushed.len(), 33, "{pushed:?}");
+        let small_at = pushed.iter().position(|o| *o == small_offset).expect("small read pushed");
+        assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
     }
 }

@@ -32,11 +32,18 @@ fn overlaps(a: &Range<u64>, start: u64, len: u64) -> bool {
 pub struct FaultyDriver {
     inner: Arc<dyn BlockDriver>,
     plan: Arc<FaultPlan>,
+    pushed: Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
 impl FaultyDriver {
     pub fn new(inner: Arc<dyn BlockDriver>, plan: FaultPlan) -> Self {
-        Self { inner, plan: Arc::new(plan) }
+        Self { inner, plan: Arc::new(plan), pushed: Arc::default() }
+    }
+
+    /// The namespace offset of every read its queues took, in order: what
+    /// a test of I/O ordering checks.
+    pub fn pushed_offsets(&self) -> Vec<u64> {
+        self.pushed.lock().map(|p| p.clone()).unwrap_or_default()
     }
 }
 
@@ -54,6 +61,7 @@ impl BlockDriver for FaultyDriver {
         Ok(Queue::Faulty(Box::new(FaultyQueue {
             inner,
             plan: Arc::clone(&self.plan),
+            pushed: Arc::clone(&self.pushed),
             reads: HashMap::new(),
             ready: VecDeque::new(),
             delayed: VecDeque::new(),
@@ -65,6 +73,7 @@ impl BlockDriver for FaultyDriver {
 pub struct FaultyQueue {
     inner: Queue,
     plan: Arc<FaultPlan>,
+    pushed: Arc<std::sync::Mutex<Vec<u64>>>,
     /// Reads submitted to the inner queue, by tag.
     reads: HashMap<u64, ReadIo>,
     /// Completions made up here, handed out at the next reap.
@@ -88,11 +97,14 @@ impl FaultyQueue {
         let (start, len) = (io.offset_bytes, u64::from(io.len_bytes));
         if self.plan.io_errors.iter().any(|r| overlaps(r, start, len)) {
             self.ready.push_back(Completion { tag: io.tag, result: -libc::EIO });
-            return Ok(());
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.push_read(io) }?;
+            self.reads.insert(io.tag, io);
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.inner.push_read(io) }?;
-        self.reads.insert(io.tag, io);
+        if let Ok(mut pushed) = self.pushed.lock() {
+            pushed.push(start);
+        }
         Ok(())
     }
 
