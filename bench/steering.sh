@@ -10,21 +10,23 @@
 #              the peer before the measured connection opens)
 # The small reader leaves from 127.0.0.2 and the bulk readers from
 # 127.0.0.3 (SLUICE_SOURCE_ADDR), so the node can tell the peers apart.
+# IO_MODE=buffered (default: page cache, CPU-bound) or direct (O_DIRECT).
 # Needs root for --ebpf.
 #
-#   bench/steering.sh [ROUNDS] [SECONDS] [BULK_CLIENTS]
+#   [IO_MODE=direct] bench/steering.sh [ROUNDS] [SECONDS] [BULK_CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 SECONDS_EACH=${2:-5}
 BULK_CLIENTS=${3:-2}
+IO_MODE=${IO_MODE:-buffered}
 cargo build --release -q --bin sluiced --bin sluicectl
 BIN=target/release
 WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-steer.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # extra flags
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode buffered --insecure "$@" \
+    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" --insecure "$@" \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
     for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done

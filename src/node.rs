@@ -347,6 +347,7 @@ struct NodeSteering {
 /// array, and attaches the default policy.
 async fn start_steering(plane: &Arc<DataPlane>) -> Result<Arc<NodeSteering>, String> {
     use sluice_ebpf::steer::{Steering, DEFAULT_POLICY_OBJECT};
+    probes_must_be_distinct()?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     let mut steering = Steering::start(&exe, sluice_ebpf::Scope::ThisProcess).map_err(|e| {
         if e.is_permission() {
@@ -406,6 +407,16 @@ impl sluice_control::PolicyControl for NodeSteering {
     }
 }
 
+/// A uprobe on a probe function that shares its address with another
+/// would fire for both: refuse rather than count batches twice.
+fn probes_must_be_distinct() -> Result<(), String> {
+    if sluice_dataplane::probe::probes_are_distinct() {
+        Ok(())
+    } else {
+        Err("this build's probe functions share an address (folded by the linker); uprobes would miscount".into())
+    }
+}
+
 /// Slow batches kept for `GET /v1/trace`.
 const SLOW_BATCHES_KEPT: usize = 64;
 
@@ -413,6 +424,7 @@ const SLOW_BATCHES_KEPT: usize = 64;
 /// its maps through the control plane.
 fn attach_tracer(control: &Arc<ControlPlane>, uring: bool) -> Result<(), String> {
     use sluice_ebpf::{Scope, Tracer};
+    probes_must_be_distinct()?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     // The kernel's side: the io_uring backend's requests, from tracepoints.
     let kernel = if uring {

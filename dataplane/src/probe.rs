@@ -56,7 +56,7 @@ pub fn monotonic_ns(origin: Instant) -> u64 {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
-    std::hint::black_box(probe);
+    std::hint::black_box((probe, ProbeSite::Submit));
 }
 
 /// Called when a batch reaches its core and its lane is chosen (the probe's
@@ -64,14 +64,37 @@ pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_lane_select(probe: *const BatchProbe) {
-    std::hint::black_box(probe);
+    std::hint::black_box((probe, ProbeSite::LaneSelect));
 }
 
 /// Called when a batch completes, before its reply is sent.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_batch_complete(probe: *const BatchProbe) {
-    std::hint::black_box(probe);
+    std::hint::black_box((probe, ProbeSite::Complete));
+}
+
+/// Which probe a body belongs to. Each probe passes its own value to
+/// `black_box`, so the bodies differ and the linker cannot fold them into
+/// one address (identical-code folding did, in release builds, and a uprobe
+/// on one then fired for all three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum ProbeSite {
+    LaneSelect = 0x5e1e,
+    Submit = 0x5b17,
+    Complete = 0xc0de,
+}
+
+/// Whether every probe function has an address of its own (a uprobe on one
+/// must not fire for another); the node refuses to attach BPF otherwise.
+pub fn probes_are_distinct() -> bool {
+    let addresses = [
+        sluice_probe_lane_select as *const () as usize,
+        sluice_probe_batch_submit as *const () as usize,
+        sluice_probe_batch_complete as *const () as usize,
+    ];
+    addresses[0] != addresses[1] && addresses[1] != addresses[2] && addresses[0] != addresses[2]
 }
 
 #[cfg(test)]
@@ -79,6 +102,11 @@ mod tests {
     use super::*;
 
     /// Sizes land in their power-of-two bucket; the last takes the rest.
+    #[test]
+    fn probe_functions_have_distinct_addresses() {
+        assert!(probes_are_distinct());
+    }
+
     #[test]
     fn buckets() {
         assert_eq!(size_bucket(0), 0);
