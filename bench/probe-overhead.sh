@@ -3,9 +3,11 @@
 # the same dataset with the node started with and without --ebpf (trace,
 # default steering policy, io_uring tracepoints, sk_reuseport), alternating
 # ROUNDS times, SECONDS each. IO_MODE=buffered (default: page cache, the
-# CPU-bound worst case) or direct (O_DIRECT, device-bound). Needs root.
+# CPU-bound worst case) or direct (O_DIRECT, device-bound). PROBES=uprobes
+# leaves out the io_uring tracepoints (--no-kernel-trace), to see the
+# per-batch probes alone. Needs root.
 #
-#   [IO_MODE=direct] bench/probe-overhead.sh [ROUNDS] [SECONDS]
+#   [IO_MODE=direct] [PROBES=uprobes] bench/probe-overhead.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -40,7 +42,8 @@ echo "| round | IOPS without probes | IOPS with --ebpf | with / without |"
 echo "| --- | --- | --- | --- |"
 for round in $(seq "$ROUNDS"); do
     start_node; off=$(iops); stop_node
-    start_node --ebpf; on=$(iops)
+    if [ "${PROBES:-all}" = uprobes ]; then start_node --ebpf --no-kernel-trace; else start_node --ebpf; fi
+    on=$(iops)
     "$BIN/sluicectl" top --json --once | grep -q '"available":true' || { echo "eBPF did not attach (root?)" >&2; exit 1; }
     stop_node
     printf '| %d | %.0f | %.0f | %.3f |\n' "$round" "$off" "$on" "$(python3 -c "print($on/$off)")"

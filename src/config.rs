@@ -71,6 +71,9 @@ pub struct NodeConfig {
     /// Attach the eBPF trace and the steering policy to this node's probes,
     /// and steer the data port with sk_reuseport (needs root).
     pub ebpf: bool,
+    /// With `ebpf`, also time the node's io_uring requests on the kernel's
+    /// tracepoints (one in 8; the tracepoints fire for every request).
+    pub ebpf_kernel_trace: bool,
     /// Without a policy decision, batches asking for at most this many
     /// bytes take the latency lane; 0 puts every batch in the bulk lane
     /// (one FIFO lane: the baseline of the steering benchmark).
@@ -115,6 +118,7 @@ impl Default for NodeConfig {
             connections_max: 4096,
             user: None,
             ebpf: false,
+            ebpf_kernel_trace: true,
             latency_lane_max_bytes: 512 * 1024,
             insecure: false,
             faults: None,

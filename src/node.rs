@@ -252,8 +252,12 @@ impl Node {
             control.set_policy_control(steering);
         }
         if config.ebpf {
-            let uring = matches!(config.driver, DriverChoice::Uring);
-            match attach_tracer(&control, uring) {
+            let kernel_trace = match config.driver {
+                DriverChoice::Uring if config.ebpf_kernel_trace => Ok(()),
+                DriverChoice::Uring => Err("kernel-side tracing is off (--no-kernel-trace)"),
+                DriverChoice::Mem => Err("the node's driver is not io_uring"),
+            };
+            match attach_tracer(&control, kernel_trace) {
                 Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),
                 Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
             }
@@ -422,22 +426,18 @@ const SLOW_BATCHES_KEPT: usize = 64;
 
 /// Attaches the trace program to this process's probe functions and serves
 /// its maps through the control plane.
-fn attach_tracer(control: &Arc<ControlPlane>, uring: bool) -> Result<(), String> {
+fn attach_tracer(control: &Arc<ControlPlane>, kernel_trace: Result<(), &str>) -> Result<(), String> {
     use sluice_ebpf::{Scope, Tracer};
     probes_must_be_distinct()?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     // The kernel's side: the io_uring backend's requests, from tracepoints.
-    let kernel = if uring {
-        match sluice_ebpf::uring::UringTracer::attach(std::process::id()) {
-            Ok(tracer) => Ok(tracer),
-            Err(err) => {
-                tracing::warn!("io_uring tracepoints unavailable: {err}");
-                Err(err.to_string())
-            }
-        }
-    } else {
-        Err("the node's driver is not io_uring".to_string())
-    };
+    let kernel = kernel_trace.map_err(str::to_string).and_then(|()| {
+        use sluice_ebpf::uring::{UringTracer, DEFAULT_SAMPLE_SHIFT};
+        UringTracer::attach(std::process::id(), DEFAULT_SAMPLE_SHIFT).map_err(|err| {
+            tracing::warn!("io_uring tracepoints unavailable: {err}");
+            err.to_string()
+        })
+    });
     let tracer = Tracer::attach(&exe, Scope::ThisProcess, std::time::Duration::from_millis(10)).map_err(|e| {
         if e.is_permission() {
             format!("{e} (loading BPF needs root, or CAP_BPF and CAP_PERFMON)")
@@ -503,6 +503,7 @@ fn attach_tracer(control: &Arc<ControlPlane>, uring: bool) -> Result<(), String>
                 "available": true,
                 "source": "io_uring:io_uring_submit_req -> io_uring:io_uring_complete",
                 "requests": stats.requests,
+                "sampled_one_in": kernel.as_ref().map_or(1, |t| t.sampled_one_in()),
                 "errors": stats.errors,
                 "latency_log2_us": stats.latency_log2_us.to_vec(),
             }),

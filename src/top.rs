@@ -104,7 +104,8 @@ pub fn kernel_line(snapshot: &Value) -> String {
     }
     let quantile = |q| log2_quantile(&kernel["latency_log2_us"], q).map_or("-".into(), |v| format!("<{v}"));
     format!(
-        "kernel io_uring: {} requests, {} errors, request latency p50 {} us, p99 {} us",
+        "kernel io_uring (1 in {} timed): {} requests, {} errors, request latency p50 {} us, p99 {} us",
+        kernel["sampled_one_in"].as_u64().unwrap_or(1),
         kernel["requests"],
         kernel["errors"],
         quantile(0.5),
@@ -234,7 +235,7 @@ mod tests {
                  "bytes": 2097152, "failed_ranges": 1, "size_log2": [], "latency_log2_us": []}
             ],
             "slow_batches": [{"dataset_id": 1}],
-            "kernel": {"available": true, "requests": 100, "errors": 0,
+            "kernel": {"available": true, "requests": 100, "errors": 0, "sampled_one_in": 8,
                        "latency_log2_us": [0, 0, 0, 0, 0, 50, 49, 0, 1]}
         })
     }
@@ -258,7 +259,9 @@ mod tests {
         assert!(text.contains("1K"), "latency bucket labels: {text}");
         assert!(text.contains("slow batches (>= 10 ms) kept: 1"));
         assert!(
-            text.contains("kernel io_uring: 100 requests, 0 errors, request latency p50 <64 us, p99 <128 us"),
+            text.contains(
+                "kernel io_uring (1 in 8 timed): 100 requests, 0 errors, request latency p50 <64 us, p99 <128 us"
+            ),
             "{text}"
         );
         state.step(true, 2);

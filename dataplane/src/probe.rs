@@ -56,6 +56,7 @@ pub fn monotonic_ns(origin: Instant) -> u64 {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
+    probe_entry();
     std::hint::black_box((probe, ProbeSite::Submit));
 }
 
@@ -64,6 +65,7 @@ pub extern "C" fn sluice_probe_batch_submit(probe: *const BatchProbe) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_lane_select(probe: *const BatchProbe) {
+    probe_entry();
     std::hint::black_box((probe, ProbeSite::LaneSelect));
 }
 
@@ -71,7 +73,22 @@ pub extern "C" fn sluice_probe_lane_select(probe: *const BatchProbe) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn sluice_probe_batch_complete(probe: *const BatchProbe) {
+    probe_entry();
     std::hint::black_box((probe, ProbeSite::Complete));
+}
+
+/// The first instruction of every probe: a `nop`, like a USDT probe site,
+/// which the kernel emulates when a uprobe sits on it. On any other first
+/// instruction (a stack store, say) the uprobe must single-step it out of
+/// line: a second trap on every batch.
+#[inline(always)]
+fn probe_entry() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a `nop` reads and writes nothing, not even flags; it is here
+    // for the uprobe that replaces it with a breakpoint.
+    unsafe {
+        std::arch::asm!("nop", options(nostack, preserves_flags));
+    }
 }
 
 /// Which probe a body belongs to. Each probe passes its own value to

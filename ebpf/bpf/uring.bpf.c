@@ -2,8 +2,11 @@
 /* The kernel's side of the node's I/O: io_uring tracepoints give each
  * request's time from submission to completion, for the node's own
  * process only, as a log2 histogram of microseconds beside the probes'
- * batch latency. Fields are read at the offsets both 6.1 and 6.18 use
- * (events/io_uring/io_uring_{submit_req,complete}/format). */
+ * batch latency. Every 2^sample_shift-th request a CPU submits is timed
+ * (request objects are recycled, so their addresses would be a biased
+ * sample); the others cost a counter increment and, at completion, one
+ * hash lookup that misses. Fields are read at the offsets both 6.1
+ * and 6.18 use (events/io_uring/io_uring_{submit_req,complete}/format). */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
@@ -24,13 +27,26 @@ struct complete_args {
     __s32 res;
 };
 
-/* [0]: the process (tgid) whose requests count; set by the loader. */
+struct uring_config {
+    __u32 tgid;          /* the process whose requests count */
+    __u32 sample_shift;  /* time one request in 2^sample_shift */
+};
+
+/* [0]: set by the loader. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);
     __type(key, __u32);
-    __type(value, __u32);
-} target_tgid SEC(".maps");
+    __type(value, struct uring_config);
+} config SEC(".maps");
+
+/* [0]: requests this CPU submitted for the target. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u64);
+} submits SEC(".maps");
 
 /* In-flight requests of the target: request pointer -> submit time. */
 struct {
@@ -41,7 +57,7 @@ struct {
 } started SEC(".maps");
 
 struct uring_stats {
-    __u64 requests;
+    __u64 requests;      /* timed (sampled) requests */
     __u64 errors;
     __u64 latency_log2_us[LATENCY_BUCKETS];
 };
@@ -57,8 +73,15 @@ SEC("tracepoint/io_uring/io_uring_submit_req")
 int submit_req(struct submit_req_args *args)
 {
     __u32 zero = 0;
-    __u32 *tgid = bpf_map_lookup_elem(&target_tgid, &zero);
-    if (!tgid || (bpf_get_current_pid_tgid() >> 32) != *tgid)
+    struct uring_config *cfg = bpf_map_lookup_elem(&config, &zero);
+    if (!cfg || (bpf_get_current_pid_tgid() >> 32) != cfg->tgid)
+        return 0;
+    __u64 *count = bpf_map_lookup_elem(&submits, &zero);
+    if (!count)
+        return 0;
+    __u64 n = (*count)++;
+    __u32 shift = cfg->sample_shift < 16 ? cfg->sample_shift : 16;
+    if (n & ((1ull << shift) - 1))
         return 0;
     __u64 req = args->req;
     __u64 now = bpf_ktime_get_ns();

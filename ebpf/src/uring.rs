@@ -1,6 +1,9 @@
 //! The kernel's view of the node's I/O: `bpf/uring.bpf.c` on the io_uring
-//! tracepoints times each request the node submits, from submission to
-//! completion, as a log2 histogram beside the probes' batch latency.
+//! tracepoints times requests the node submits, from submission to
+//! completion, as a log2 histogram beside the probes' batch latency. It
+//! times one request in 2^`sample_shift`: the tracepoints fire for every
+//! request, and timing each costs a map update and delete that a node
+//! doing half a million reads a second notices.
 
 use aya::maps::{Array, MapData, MapError};
 use aya::programs::{ProgramError, TracePoint};
@@ -13,11 +16,19 @@ pub static URING_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/uring.bpf.o
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// `struct uring_config` of `uring.bpf.c`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct UringConfig {
+    tgid: u32,
+    sample_shift: u32,
+}
+
 /// `struct uring_stats` of `uring.bpf.c`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct UringStats {
-    /// Requests of the node's process that completed.
+    /// Timed requests of the node's process that completed.
     pub requests: u64,
     /// Of those, completions with a negative result.
     pub errors: u64,
@@ -26,6 +37,11 @@ pub struct UringStats {
 
 // SAFETY: a `repr(C)` struct of u64s, valid for every bit pattern.
 unsafe impl Pod for UringStats {}
+// SAFETY: two u32s, no padding.
+unsafe impl Pod for UringConfig {}
+
+/// Requests timed by default: one in 2^3.
+pub const DEFAULT_SAMPLE_SHIFT: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UringTraceError {
@@ -44,25 +60,33 @@ pub enum UringTraceError {
 /// The attached io_uring tracepoints.
 pub struct UringTracer {
     bpf: Ebpf,
+    sample_shift: u32,
 }
 
 impl UringTracer {
     /// Attaches to `io_uring:io_uring_submit_req` and `io_uring_complete`,
-    /// counting requests of process `tgid` only. Mounts tracefs at its
-    /// usual place first where nothing has (aya finds tracepoints there).
-    pub fn attach(tgid: u32) -> Result<Self, UringTraceError> {
+    /// timing one in 2^`sample_shift` (at most 16) requests of process
+    /// `tgid` only. Mounts tracefs at its usual place first where nothing
+    /// has (aya finds tracepoints there).
+    pub fn attach(tgid: u32, sample_shift: u32) -> Result<Self, UringTraceError> {
         ensure_tracefs()?;
+        let sample_shift = sample_shift.min(16);
         let mut bpf = Ebpf::load(URING_OBJECT)?;
-        let mut target: Array<&mut MapData, u32> =
-            Array::try_from(bpf.map_mut("target_tgid").ok_or(UringTraceError::Missing("target_tgid"))?)?;
-        target.set(0, tgid, 0)?;
+        let mut config: Array<&mut MapData, UringConfig> =
+            Array::try_from(bpf.map_mut("config").ok_or(UringTraceError::Missing("config"))?)?;
+        config.set(0, UringConfig { tgid, sample_shift }, 0)?;
         for (program, event) in [("submit_req", "io_uring_submit_req"), ("complete", "io_uring_complete")] {
             let tracepoint: &mut TracePoint =
                 bpf.program_mut(program).ok_or(UringTraceError::Missing("a tracepoint program"))?.try_into()?;
             tracepoint.load()?;
             tracepoint.attach("io_uring", event)?;
         }
-        Ok(Self { bpf })
+        Ok(Self { bpf, sample_shift })
+    }
+
+    /// One request in this many is timed.
+    pub fn sampled_one_in(&self) -> u64 {
+        1 << self.sample_shift
     }
 
     pub fn snapshot(&self) -> Result<UringStats, UringTraceError> {

@@ -217,7 +217,8 @@ fn sk_reuseport_lands_a_known_mix_where_expected() {
 }
 
 /// Every read the io_uring backend submits shows in the kernel-side
-/// histogram exactly once: ranges far apart are one request each.
+/// histogram exactly once when every request is timed (ranges far apart
+/// are one request each); timing one in 8 times about an eighth.
 #[test]
 fn uring_tracepoints_count_the_node_io_exactly() {
     let test = "uring_tracepoints_count_the_node_io_exactly";
@@ -226,11 +227,13 @@ fn uring_tracepoints_count_the_node_io_exactly() {
         |e: &sluice_ebpf::uring::UringTraceError| {
             format!("{e:?}").contains("EPERM") || format!("{e:?}").contains("PermissionDenied")
         },
-        || UringTracer::attach(std::process::id()),
+        || UringTracer::attach(std::process::id(), 0),
     ) else {
         return;
     };
+    let sampled = UringTracer::attach(std::process::id(), 3).expect("sampled tracer");
     let before = uring.snapshot().expect("snapshot").requests;
+    let sampled_before = sampled.snapshot().expect("snapshot").requests;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("data");
     std::fs::write(&path, vec![5u8; 4 << 20]).expect("write");
@@ -248,7 +251,7 @@ fn uring_tracepoints_count_the_node_io_exactly() {
             chunk_crcs: Arc::from([]),
         };
         let slot = plane.attach(Arc::new(view)).await.expect("attach");
-        for batch in 0..10u64 {
+        for batch in 0..16u64 {
             let ranges =
                 (0..4).map(|i| ByteRange { offset_bytes: (batch * 4 + i) * 65_536, len_bytes: 4096 }).collect();
             let result = plane.read(slot, ranges).await.expect("batch");
@@ -257,7 +260,13 @@ fn uring_tracepoints_count_the_node_io_exactly() {
     });
     plane.shutdown();
     let after = uring.snapshot().expect("snapshot");
-    assert_eq!(after.requests - before, 40, "{after:?}");
+    assert_eq!(after.requests - before, 64, "{after:?}");
     assert_eq!(after.errors, 0);
     assert_eq!(after.latency_log2_us.iter().sum::<u64>(), after.requests);
+    // Every 8th submission per CPU, counting from each CPU's first: 64 /
+    // 8, plus at most one more for each CPU the core's thread ran on.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let timed = sampled.snapshot().expect("snapshot").requests - sampled_before;
+    assert!((8..=8 + cpus).contains(&timed), "{timed} of 64 timed at 1 in 8 on {cpus} CPUs");
+    assert_eq!(sampled.sampled_one_in(), 8);
 }

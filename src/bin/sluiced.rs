@@ -52,6 +52,10 @@ struct Args {
     /// lane (needs root; `sluicectl top`, `sluicectl policy`).
     #[arg(long)]
     ebpf: bool,
+    /// With --ebpf, leave the io_uring tracepoints alone (the kernel-side
+    /// latency in `sluicectl top`).
+    #[arg(long)]
+    no_kernel_trace: bool,
     /// Batches of at most this many bytes take the latency lane where no
     /// policy decides; 0 for a single (bulk) lane.
     #[arg(long, value_name = "BYTES")]
@@ -94,6 +98,9 @@ fn main() -> ExitCode {
         config.cores = cores;
     }
     config.ebpf |= args.ebpf;
+    if args.no_kernel_trace {
+        config.ebpf_kernel_trace = false;
+    }
     if let Some(bytes) = args.latency_lane_max_bytes {
         config.latency_lane_max_bytes = bytes;
     }
