@@ -13,30 +13,14 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 SECONDS_EACH=${2:-5}
 IO_MODE=${IO_MODE:-buffered}
-cargo build --release -q --bin sluiced --bin sluicectl
-BIN=target/release
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-probe.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-
-start_node() { # extra flags
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" --insecure "$@" \
-        >"$WORK/node.out" 2>"$WORK/node.err" &
-    NODE_PID=$!
-    for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
-    export SLUICE_ENDPOINT=$(grep -o 'http://[0-9.:]*' "$WORK/node.out")
-}
-stop_node() { kill "$NODE_PID"; wait "$NODE_PID" || true; }
+NAME=probe
+. bench/node.sh
 iops() {
     "$BIN/sluicectl" bench read probe --size 4096 --batch 64 --inflight 2 --seconds "$SECONDS_EACH" --json |
         sed 's/.*"iops":\([0-9.]*\).*/\1/'
 }
 
-start_node
-head -c $((256 << 20)) /dev/urandom >"$WORK/data.bin"
-"$BIN/sluicectl" dataset create probe --kind bytes >/dev/null
-"$BIN/sluicectl" dataset ingest probe "$WORK/data.bin" >/dev/null
-"$BIN/sluicectl" dataset seal probe >/dev/null
-stop_node
+sealed_dataset probe 256
 
 echo "| round | IOPS without probes | IOPS with --ebpf | with / without |"
 echo "| --- | --- | --- | --- |"

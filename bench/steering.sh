@@ -20,19 +20,8 @@ ROUNDS=${1:-3}
 SECONDS_EACH=${2:-5}
 BULK_CLIENTS=${3:-2}
 IO_MODE=${IO_MODE:-buffered}
-cargo build --release -q --bin sluiced --bin sluicectl
-BIN=target/release
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-steer.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-
-start_node() { # extra flags
-    "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" --insecure "$@" \
-        >"$WORK/node.out" 2>"$WORK/node.err" &
-    NODE_PID=$!
-    for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
-    export SLUICE_ENDPOINT=$(grep -o 'http://[0-9.:]*' "$WORK/node.out")
-}
-stop_node() { kill "$NODE_PID"; wait "$NODE_PID" || true; }
+NAME=steer
+. bench/node.sh
 small() { # seconds
     SLUICE_SOURCE_ADDR=127.0.0.2 "$BIN/sluicectl" bench read steer --size 4096 --batch 16 --inflight 1 --seconds "$1" --json
 }
@@ -66,12 +55,7 @@ run() { # name, node flags...
         "$(field batch_latency_us_p999 <"$WORK/small.json")" "$(field iops <"$WORK/small.json")" "$gbs" "${workers:--}"
 }
 
-start_node
-head -c $((256 << 20)) /dev/urandom >"$WORK/data.bin"
-"$BIN/sluicectl" dataset create steer --kind bytes >/dev/null
-"$BIN/sluicectl" dataset ingest steer "$WORK/data.bin" >/dev/null
-"$BIN/sluicectl" dataset seal steer >/dev/null
-stop_node
+sealed_dataset steer 256
 
 echo "| round | lanes | small p50 us | small p99 us | small p99.9 us | small reads/s | bulk GB/s | latency-worker connections |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
