@@ -3,7 +3,37 @@
 //! on, so a batch costs a few relaxed atomic adds and no lookup or lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use sluice_dataplane::{BatchResult, RangeStatus, SubmitError};
+use tokio::sync::oneshot;
+
+use crate::wire::BatchStatus;
+
+/// Waits for the data plane's answer to a batch submitted at `submitted`,
+/// counts it in `counters`, and gives what the transport sends back: the
+/// result, or the batch status a client reads for a batch that failed whole.
+pub(crate) async fn settle(
+    reply: oneshot::Receiver<Result<BatchResult, SubmitError>>,
+    counters: &DatasetCounters,
+    submitted: Instant,
+) -> Result<BatchResult, BatchStatus> {
+    let outcome = match reply.await {
+        Ok(Ok(batch)) => Ok(batch),
+        Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
+        Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
+        Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
+    };
+    match &outcome {
+        Ok(batch) => {
+            let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
+            let failed = batch.statuses().len() as u64 - ok;
+            counters.record_batch(Lane::of(batch), ok, failed, batch.payload_bytes(), submitted.elapsed());
+        }
+        Err(_) => counters.record_failed_batch(),
+    }
+    outcome
+}
 
 /// Latency histogram buckets: upper bounds 2^0 .. 2^(N-1) µs (~9 minutes).
 pub const LATENCY_BUCKETS: usize = 30;

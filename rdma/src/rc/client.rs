@@ -18,7 +18,7 @@ use super::{
 };
 use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
-use crate::tcp::{control_frame, NodeLimits, TransportError};
+use crate::tcp::{control_frame, open_request, opened, NodeLimits, TransportError};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, MessageSlots, ProtectionDomain, QueueCaps,
     QueuePair, SendOp, SendWr, VerbsError,
@@ -268,10 +268,7 @@ impl RdmaClient {
     }
 
     pub async fn open(&self, name: &str, token: Option<String>) -> Result<(u32, OpenInfo), TransportError> {
-        match self.control_request(&ControlMessage::Open { name: name.to_string(), token }).await? {
-            ControlMessage::Opened { handle, info } => Ok((handle, info)),
-            other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
-        }
+        opened(self.control_request(&open_request(name, token)).await?)
     }
 
     pub async fn close(&self, handle: u32) -> Result<(), TransportError> {

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{
-    BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch, SubmitError,
-};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{
@@ -19,7 +17,7 @@ use super::{
 };
 use super::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
 use crate::codec::{self, ControlMessage, ErrorCode};
-use crate::metrics::{DatasetCounters, Lane};
+use crate::metrics::{settle, DatasetCounters};
 use crate::tcp::{control_frame, DatasetResolver, Opened, ServerConfig};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
@@ -529,21 +527,7 @@ impl<R: DatasetResolver> Session<R> {
                 }
                 let submitted = Instant::now();
                 reading.push(Box::pin(async move {
-                    let outcome = match result.await {
-                        Ok(Ok(batch)) => Ok(batch),
-                        Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
-                        Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
-                        Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
-                    };
-                    match &outcome {
-                        Ok(batch) => {
-                            let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
-                            let failed = batch.statuses().len() as u64 - ok;
-                            let lane = Lane::of(batch);
-                            counters.record_batch(lane, ok, failed, batch.payload_bytes(), submitted.elapsed());
-                        }
-                        Err(_) => counters.record_failed_batch(),
-                    }
+                    let outcome = settle(result, &counters, submitted).await;
                     Completed { batch_id, range_count, target, outcome }
                 }));
             }

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use super::{control_frame, read_frame_header};
+use super::{control_frame, open_request, opened, read_frame_header};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 
@@ -138,10 +138,7 @@ impl TcpClient {
 
     /// Opens a dataset by name; returns its handle on this connection.
     pub async fn open(&self, name: &str, token: Option<String>) -> Result<(u32, OpenInfo), TransportError> {
-        match self.control_request(&ControlMessage::Open { name: name.to_string(), token }).await? {
-            ControlMessage::Opened { handle, info } => Ok((handle, info)),
-            other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
-        }
+        opened(self.control_request(&open_request(name, token)).await?)
     }
 
     pub async fn close(&self, handle: u32) -> Result<(), TransportError> {

@@ -45,6 +45,19 @@ async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// The request that opens dataset `name` (with a grant's token).
+pub(crate) fn open_request(name: &str, token: Option<String>) -> crate::ControlMessage {
+    crate::ControlMessage::Open { name: name.to_string(), token }
+}
+
+/// The handle and dataset facts from the node's answer to an open.
+pub(crate) fn opened(reply: crate::ControlMessage) -> Result<(u32, crate::codec::OpenInfo), TransportError> {
+    match reply {
+        crate::ControlMessage::Opened { handle, info } => Ok((handle, info)),
+        other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
+    }
+}
+
 /// Encodes a control message as a whole frame.
 pub(crate) fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;

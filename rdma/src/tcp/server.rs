@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::steer::peer_key;
-use sluice_dataplane::{
-    BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch, SubmitError,
-};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch, SubmitError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,7 +18,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::{control_frame, read_frame_header, write_all_vectored};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
-use crate::metrics::{DatasetCounters, Lane};
+use crate::metrics::{settle, DatasetCounters};
 use crate::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
@@ -387,22 +385,7 @@ async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>
                 }
                 Some(Outgoing::Batch { batch_id, range_count, result, permit, tally }) => {
                     pending.push(Box::pin(async move {
-                        let outcome = match result.await {
-                            Ok(Ok(batch)) => Ok(batch),
-                            Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
-                            Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
-                            Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
-                        };
-                        match &outcome {
-                            Ok(batch) => {
-                                let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
-                                let failed = batch.statuses().len() as u64 - ok;
-                                let elapsed = tally.submitted.elapsed();
-                                let lane = Lane::of(batch);
-                                tally.counters.record_batch(lane, ok, failed, batch.payload_bytes(), elapsed);
-                            }
-                            Err(_) => tally.counters.record_failed_batch(),
-                        }
+                        let outcome = settle(result, &tally.counters, tally.submitted).await;
                         (batch_id, range_count, outcome, permit)
                     }));
                     Ok(Ok(()))
