@@ -124,8 +124,10 @@ fn block_device_bytes(path: &Path) -> u64 {
 /// One place datasets live, for `GET /v1/devices`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceReport {
-    /// `nvme_namespace` (a whole namespace per dataset) or `data_dir` (the
-    /// filesystem holding file namespaces).
+    /// `nvme_namespace` (a configured namespace device), `nvme_attached` or
+    /// `nvme_detached` (a namespace of a configured controller, path
+    /// `CONTROLLER:NSID`), or `data_dir` (the filesystem holding file
+    /// namespaces).
     pub kind: String,
     pub path: String,
     pub capacity_bytes: u64,
@@ -724,6 +726,9 @@ impl ControlPlane {
             let used_bytes = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
             out.push(DeviceReport { kind: "nvme_namespace".into(), path, capacity_bytes, used_bytes, datasets });
         }
+        for controller in &self.nvme_controllers {
+            out.extend(self.controller_pool(controller, &records));
+        }
         let (capacity_bytes, available_bytes) = nix::sys::statvfs::statvfs(&self.namespace_dir)
             .map(|s| (s.blocks() * s.fragment_size(), s.blocks_available() * s.fragment_size()))
             .unwrap_or((0, 0));
@@ -736,6 +741,42 @@ impl ControlPlane {
             datasets: in_files.iter().map(|r| r.name.clone()).collect(),
         });
         out
+    }
+
+    /// The namespaces a configured controller can attach: `nvme_attached`
+    /// (with the dataset the node attached it for, or none when something
+    /// else did) or `nvme_detached` (free for the next dataset). A
+    /// controller that does not answer is reported with its error as kind.
+    fn controller_pool(&self, controller: &std::path::Path, records: &[DatasetRecord]) -> Vec<DeviceReport> {
+        let namespaces = crate::nvme::Controller::open(controller).and_then(|c| c.namespaces());
+        let namespaces = match namespaces {
+            Ok(namespaces) => namespaces,
+            Err(err) => {
+                tracing::warn!("listing the namespaces of {}: {err}", controller.display());
+                return vec![DeviceReport {
+                    kind: "nvme_controller_unreadable".into(),
+                    path: controller.display().to_string(),
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                    datasets: Vec::new(),
+                }];
+            }
+        };
+        namespaces
+            .into_iter()
+            .map(|ns| {
+                let label = crate::nvme::attachment_label(controller, ns.nsid);
+                let held: Vec<&DatasetRecord> =
+                    records.iter().filter(|r| r.namespace.attached.as_deref() == Some(label.as_str())).collect();
+                DeviceReport {
+                    kind: if ns.attached { "nvme_attached" } else { "nvme_detached" }.into(),
+                    path: label,
+                    capacity_bytes: ns.capacity_bytes,
+                    used_bytes: held.iter().map(|r| r.length_bytes).sum(),
+                    datasets: held.iter().map(|r| r.name.clone()).collect(),
+                }
+            })
+            .collect()
     }
 
     /// The Prometheus exposition of this node.

@@ -43,6 +43,8 @@ const OPCODE_NS_ATTACHMENT: u8 = 0x15;
 const CNS_CONTROLLER: u32 = 0x01;
 const CNS_ACTIVE_NSIDS: u32 = 0x02;
 const CNS_ALLOCATED_NSIDS: u32 = 0x10;
+/// Identify Namespace of an allocated NSID, attached here or not.
+const CNS_ALLOCATED_NAMESPACE: u32 = 0x11;
 const PAGE_BYTES: usize = 4096;
 
 /// A controller's admin queue, through its character device.
@@ -107,6 +109,18 @@ impl Controller {
         Ok(self.nsid_list(CNS_ALLOCATED_NSIDS)?.into_iter().filter(|n| !active.contains(n)).collect())
     }
 
+    /// Every namespace of the subsystem this controller can attach: its
+    /// id, whether it is attached here, and its size.
+    pub fn namespaces(&self) -> io::Result<Vec<PoolNamespace>> {
+        let active = self.nsid_list(CNS_ACTIVE_NSIDS)?;
+        let mut out = Vec::new();
+        for nsid in self.nsid_list(CNS_ALLOCATED_NSIDS)? {
+            let page = self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?;
+            out.push(PoolNamespace { nsid, attached: active.contains(&nsid), capacity_bytes: namespace_bytes(&page) });
+        }
+        Ok(out)
+    }
+
     fn attachment(&self, nsid: u32, detach: bool) -> io::Result<()> {
         let cntlid = self.controller_id()?;
         let mut page = Box::new([0u8; PAGE_BYTES]);
@@ -169,6 +183,27 @@ impl Controller {
     }
 }
 
+/// One namespace of a controller's subsystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolNamespace {
+    pub nsid: u32,
+    /// Attached to this controller (a block device exists for it).
+    pub attached: bool,
+    pub capacity_bytes: u64,
+}
+
+/// A namespace's size from its Identify Namespace page: NSZE blocks of the
+/// LBA format FLBAS names (its LBADS is log2 of the block size).
+fn namespace_bytes(page: &[u8; PAGE_BYTES]) -> u64 {
+    let nsze = u64::from_le_bytes(page[0..8].try_into().unwrap_or([0; 8]));
+    let format = usize::from(page[26] & 0x0f);
+    let lbads = u32::from(page[128 + 4 * format + 2]);
+    if !(9..=16).contains(&lbads) {
+        return 0;
+    }
+    nsze.saturating_mul(1 << lbads)
+}
+
 /// `CONTROLLER:NSID`, how a dataset's record remembers a namespace the
 /// allocator attached (so delete detaches it again).
 pub fn attachment_label(controller: &Path, nsid: u32) -> String {
@@ -191,6 +226,22 @@ mod tests {
         assert_eq!(parse_attachment_label(&label), Some((PathBuf::from("/dev/nvme0"), 7)));
         assert_eq!(parse_attachment_label("/dev/nvme0"), None);
         assert_eq!(parse_attachment_label("/dev/nvme0:x"), None);
+    }
+
+    /// 16384 blocks of format 1 (4 KiB: LBADS 12) is 64 MiB; a page that
+    /// names no valid block size gives 0, not a wrong number.
+    #[test]
+    fn namespace_size_from_identify() {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        page[0..8].copy_from_slice(&16384u64.to_le_bytes());
+        page[26] = 1;
+        page[128 + 2] = 9;
+        page[132 + 2] = 12;
+        assert_eq!(namespace_bytes(&page), 64 << 20);
+        page[26] = 0;
+        assert_eq!(namespace_bytes(&page), 16384 * 512);
+        page[128 + 2] = 0;
+        assert_eq!(namespace_bytes(&page), 0);
     }
 
     #[test]

@@ -159,6 +159,25 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
 
     ctl("dataset create second --kind bytes").expect("create second");
     assert_eq!(stat("second")["namespace"]["attached"], format!("/dev/{}:3", controller.name));
+    // `devices ls` lists the controller's namespaces and who holds them.
+    let devices: serde_json::Value =
+        serde_json::from_str(&ctl("--json devices ls").expect("devices ls")).expect("devices json");
+    let pool: Vec<(String, String, u64, Vec<String>)> = devices
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter(|d| d["path"].as_str().unwrap_or("").starts_with(&format!("/dev/{}:", controller.name)))
+        .map(|d| {
+            let datasets = d["datasets"].as_array().expect("datasets").iter().map(|n| n.to_string()).collect();
+            (d["path"].to_string(), d["kind"].to_string(), d["capacity_bytes"].as_u64().expect("capacity"), datasets)
+        })
+        .collect();
+    let entry = |nsid: u32, datasets: &[&str]| {
+        let path = format!("\"/dev/{}:{nsid}\"", controller.name);
+        let datasets = datasets.iter().map(|d| format!("\"{d}\"")).collect();
+        (path, "\"nvme_attached\"".to_string(), 64u64 << 20, datasets)
+    };
+    assert_eq!(pool, vec![entry(1, &[]), entry(2, &["first"]), entry(3, &["second"])], "{devices}");
     ctl("dataset create third --kind bytes").expect("create third");
     let third = stat("third");
     assert_eq!(third["namespace"]["kind"], "file", "the pool is empty: {third}");
@@ -166,6 +185,13 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
 
     ctl("dataset rm first").expect("rm first");
     assert_eq!(attached(&rig), [1, 3], "namespace 2 detached again");
+    let devices = ctl("--json devices ls").expect("devices ls");
+    let free = format!(
+        r#""kind":"nvme_detached","path":"/dev/{}:2","capacity_bytes":{},"used_bytes":0,"datasets":[]"#,
+        controller.name,
+        64u64 << 20
+    );
+    assert!(devices.contains(&free), "namespace 2 listed free: {devices}");
     ctl("dataset create fourth --kind bytes").expect("create fourth");
     assert_eq!(stat("fourth")["namespace"]["attached"], format!("/dev/{}:2", controller.name), "reused");
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
