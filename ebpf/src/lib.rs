@@ -83,6 +83,15 @@ pub enum Scope {
     AllProcesses,
 }
 
+impl Scope {
+    fn uprobe_scope(self) -> UProbeScope {
+        match self {
+            Self::ThisProcess => UProbeScope::CallingProcess,
+            Self::AllProcesses => UProbeScope::AllProcesses,
+        }
+    }
+}
+
 /// The loaded, attached trace program.
 pub struct Tracer {
     bpf: Ebpf,
@@ -96,11 +105,7 @@ impl Tracer {
         let program: &mut UProbe =
             bpf.program_mut("batch_complete").ok_or(TraceError::Missing("batch_complete"))?.try_into()?;
         program.load()?;
-        let scope = match scope {
-            Scope::ThisProcess => UProbeScope::CallingProcess,
-            Scope::AllProcesses => UProbeScope::AllProcesses,
-        };
-        program.attach("sluice_probe_batch_complete", binary, scope)?;
+        program.attach("sluice_probe_batch_complete", binary, scope.uprobe_scope())?;
         let mut threshold: Array<&mut MapData, u64> =
             Array::try_from(bpf.map_mut("slow_threshold_ns").ok_or(TraceError::Missing("slow_threshold_ns"))?)?;
         threshold.set(0, slow_threshold.as_nanos().min(u128::from(u64::MAX)) as u64, 0)?;

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use aya::maps::{HashMap, Map, MapData, MapError, ReusePortSockArray};
-use aya::programs::uprobe::UProbeScope;
 use aya::programs::{ProgramError, SkReuseport, UProbe};
 use aya::{Ebpf, EbpfError, EbpfLoader};
 use sluice_dataplane::steer::{peer_key, LaneDecisions, DECISION_BULK, DECISION_LATENCY, DECISION_NONE, FLOWS_MAX};
@@ -211,7 +210,7 @@ impl Steering {
         let mut aligned = vec![0u64; object.len().div_ceil(8)];
         aligned.as_mut_bytes()[..object.len()].copy_from_slice(object);
         let bytes = &aligned.as_bytes()[..object.len()];
-        let bpf = with_private_bpffs(|dir| {
+        let mut bpf = with_private_bpffs(|dir| {
             let paths: Vec<PathBuf> = SHARED_MAPS.iter().map(|name| dir.join(name)).collect();
             self.lane_decisions.pin(&paths[0])?;
             self.peer_lanes.pin(&paths[1])?;
@@ -221,20 +220,15 @@ impl Steering {
             }
             Ok(loader.load(bytes)?)
         })?;
-        let mut bpf = bpf;
         for map in SHARED_MAPS {
             if bpf.map(map).is_none() {
-                return Err(SteerError::Missing(map_static(map)));
+                return Err(SteerError::Missing(map));
             }
         }
         let program: &mut UProbe =
             bpf.program_mut(POLICY_PROGRAM).ok_or(SteerError::Missing("uprobe lane_policy"))?.try_into()?;
         program.load()?;
-        let scope = match self.scope {
-            Scope::ThisProcess => UProbeScope::CallingProcess,
-            Scope::AllProcesses => UProbeScope::AllProcesses,
-        };
-        program.attach("sluice_probe_batch_complete", &self.binary, scope)?;
+        program.attach("sluice_probe_batch_complete", &self.binary, self.scope.uprobe_scope())?;
         let info = PolicyInfo {
             name: name.to_owned(),
             object_hash: format!("blake3:{}", blake3::hash(object).to_hex()),
@@ -317,10 +311,6 @@ impl Steering {
         program.attach(latency)?;
         Ok(())
     }
-}
-
-fn map_static(name: &str) -> &'static str {
-    SHARED_MAPS.into_iter().find(|m| *m == name).unwrap_or("shared map")
 }
 
 /// Runs `f` with a fresh bpffs instance mounted on a new directory, then
