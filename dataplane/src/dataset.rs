@@ -63,6 +63,15 @@ pub struct DatasetView {
     pub chunk_crcs: Arc<[u32]>,
 }
 
+impl DatasetView {
+    /// The first `length_bytes` of `namespace` as dataset `dataset_id`,
+    /// with no chunk checksums (the data plane verifies nothing): for
+    /// tools and tests that read a namespace directly.
+    pub fn unverified(dataset_id: u64, namespace: Arc<dyn Namespace>, length_bytes: u64) -> Self {
+        Self { dataset_id, namespace, base_offset_bytes: 0, length_bytes, chunk_crcs: Arc::from([]) }
+    }
+}
+
 impl std::fmt::Debug for DatasetView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetView")

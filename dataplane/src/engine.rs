@@ -1140,13 +1140,7 @@ mod tests {
             ns.sync().expect("sync");
             let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
             let plane = DataPlane::start(driver, config).expect("start");
-            let view = DatasetView {
-                dataset_id: 1,
-                namespace: ns,
-                base_offset_bytes: 0,
-                length_bytes: data.len() as u64,
-                chunk_crcs: Arc::from([]),
-            };
+            let view = DatasetView::unverified(1, ns, data.len() as u64);
             runtime().block_on(async {
                 let slot = plane.attach(Arc::new(view)).await.expect("attach");
                 // 100 ranges 64 KiB apart: 100 units for a queue of 4.
@@ -1174,13 +1168,7 @@ mod tests {
         ns.write_at(0, &data).expect("write");
         let config = DataPlaneConfig { cores: 1, slots_per_core: 16, ..small_config() };
         let plane = Arc::new(DataPlane::start(Arc::new(MemDriver), config).expect("start"));
-        let view = DatasetView {
-            dataset_id: 1,
-            namespace: ns,
-            base_offset_bytes: 0,
-            length_bytes: data.len() as u64,
-            chunk_crcs: Arc::from([]),
-        };
+        let view = DatasetView::unverified(1, ns, data.len() as u64);
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
             let big = vec![ByteRange { offset_bytes: 0, len_bytes: 12 * 128 * 1024 }];
@@ -1212,13 +1200,7 @@ mod tests {
         let driver = Arc::new(FaultyDriver::new(Arc::new(MemDriver), plan));
         let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver) as Arc<dyn BlockDriver>, config).expect("start"));
-        let view = DatasetView {
-            dataset_id: 1,
-            namespace: ns,
-            base_offset_bytes: 0,
-            length_bytes: 8 << 20,
-            chunk_crcs: Arc::from([]),
-        };
+        let view = DatasetView::unverified(1, ns, 8 << 20);
         let small_offset = 6 << 20;
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");

@@ -48,13 +48,7 @@ fn bpf_or_skip<T, E: std::fmt::Debug + std::fmt::Display>(
 async fn attach_dataset(plane: &DataPlane, driver: &Arc<dyn BlockDriver>, dataset_id: u64) -> DatasetSlot {
     let ns = driver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
     ns.write_at(0, &vec![1u8; 8 << 20]).expect("write");
-    let view = DatasetView {
-        dataset_id,
-        namespace: ns,
-        base_offset_bytes: 0,
-        length_bytes: 8 << 20,
-        chunk_crcs: Arc::from([]),
-    };
+    let view = DatasetView::unverified(dataset_id, ns, 8 << 20);
     plane.attach(Arc::new(view)).await.expect("attach")
 }
 
@@ -243,13 +237,7 @@ fn uring_tracepoints_count_the_node_io_exactly() {
     let plane = DataPlane::start(Arc::clone(&driver), config).expect("data plane");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        let view = DatasetView {
-            dataset_id: 1,
-            namespace: ns,
-            base_offset_bytes: 0,
-            length_bytes: 4 << 20,
-            chunk_crcs: Arc::from([]),
-        };
+        let view = DatasetView::unverified(1, ns, 4 << 20);
         let slot = plane.attach(Arc::new(view)).await.expect("attach");
         for batch in 0..16u64 {
             let ranges =

@@ -140,13 +140,7 @@ fn trace_counts_a_known_mix_exactly() {
     let plane = DataPlane::start(driver, config).expect("data plane");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        let view = DatasetView {
-            dataset_id: 4242,
-            namespace: ns,
-            base_offset_bytes: 0,
-            length_bytes: 4 << 20,
-            chunk_crcs: Arc::from([]),
-        };
+        let view = DatasetView::unverified(4242, ns, 4 << 20);
         let slot = plane.attach(Arc::new(view)).await.expect("attach");
         let small = |i: u64| ByteRange { offset_bytes: i * 8192, len_bytes: 4096 };
         let tiny = |i: u64| ByteRange { offset_bytes: i * 1000 + 3, len_bytes: 100 };
