@@ -215,17 +215,29 @@ impl Node {
         };
         let resolver = Arc::new(Resolver(Arc::clone(&control)));
         let mut tasks = Vec::with_capacity(4);
+        // The two worker sockets share the connection limit: a quarter for
+        // the latency lane's, the rest for the bulk lane's.
+        let latency_connections_max = (server_config.connections_max / 4).max(1);
         if let (Some(listener), Some(steering)) = (latency_listener, &steering) {
+            let config = ServerConfig {
+                accepted: Arc::clone(&steering.latency_connections),
+                connections_max: latency_connections_max,
+                ..server_config.clone()
+            };
             tasks.push(serve_latency_workers(
                 listener,
                 Arc::clone(&plane),
                 Arc::clone(&resolver),
-                ServerConfig { accepted: Arc::clone(&steering.latency_connections), ..server_config.clone() },
+                config,
                 shutdown_rx.clone(),
             ));
         }
         let server_config = match &steering {
-            Some(steering) => ServerConfig { accepted: Arc::clone(&steering.bulk_connections), ..server_config },
+            Some(steering) => ServerConfig {
+                accepted: Arc::clone(&steering.bulk_connections),
+                connections_max: server_config.connections_max.saturating_sub(latency_connections_max).max(1),
+                ..server_config
+            },
             None => server_config,
         };
         if let Some(listener) = rdma_listener {
