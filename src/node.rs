@@ -355,6 +355,7 @@ fn serve_latency_workers(
 /// socket took.
 struct NodeSteering {
     steering: std::sync::Mutex<sluice_ebpf::steer::Steering>,
+    plane: Arc<DataPlane>,
     latency_connections: Arc<std::sync::atomic::AtomicU64>,
     bulk_connections: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -377,6 +378,7 @@ async fn start_steering(plane: &Arc<DataPlane>) -> Result<Arc<NodeSteering>, Str
     tracing::info!("eBPF lane steering on, default policy attached");
     Ok(Arc::new(NodeSteering {
         steering: std::sync::Mutex::new(steering),
+        plane: Arc::clone(plane),
         latency_connections: Arc::default(),
         bulk_connections: Arc::default(),
     }))
@@ -400,7 +402,7 @@ impl sluice_control::PolicyControl for NodeSteering {
             "available": true,
             "policy": steering.policy(),
             "swaps": steering.swaps(),
-            "flows": { "undecided": none, "latency": latency, "bulk": bulk },
+            "flows": { "open": self.plane.flows_open(), "undecided": none, "latency": latency, "bulk": bulk },
             "connections": {
                 "latency_workers": self.latency_connections.load(ordering),
                 "bulk_workers": self.bulk_connections.load(ordering),

@@ -99,6 +99,7 @@ fn steering_follows_the_policy_and_swaps_at_run_time() {
     second.read_batch(&small_batch(8, 0), &mut buf).expect("read");
     let shown = policy(&node);
     assert_eq!(shown["connections"]["latency_workers"], 1, "a small-reader's next connection: {shown}");
+    assert_eq!(shown["flows"]["open"], 2, "one flow per dataset opened on a connection: {shown}");
 
     let all_bulk = concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/bpf/all_bulk.bpf.o");
     let loaded = node.ctl_ok(&["policy", "load", all_bulk]);

@@ -4,7 +4,6 @@
 //! and no lock. With no decision for a flow, the batch-size threshold
 //! decides.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Flows the decision array holds (`SLUICE_FLOWS_MAX`). A flow opened when
@@ -148,37 +147,38 @@ pub fn peer_key(addr: std::net::IpAddr) -> [u8; 16] {
     }
 }
 
-/// Decisions held in ordinary memory: for tests, and for a node that
-/// steers from user space.
-pub struct LocalDecisions {
-    words: Vec<AtomicU32>,
-}
-
-impl Default for LocalDecisions {
-    fn default() -> Self {
-        Self { words: (0..FLOWS_MAX).map(|_| AtomicU32::new(DECISION_NONE)).collect() }
-    }
-}
-
-impl LocalDecisions {
-    pub fn set(&self, index: u32, decision: u32) {
-        self.words[index as usize].store(decision, Ordering::Relaxed);
-    }
-}
-
-impl LaneDecisions for LocalDecisions {
-    fn decision(&self, index: u32) -> u32 {
-        self.words.get(index as usize).map_or(DECISION_NONE, |w| w.load(Ordering::Relaxed))
-    }
-
-    fn clear(&self, index: u32) {
-        self.set(index, DECISION_NONE);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
     use super::*;
+
+    /// Decisions in ordinary memory, standing in for the BPF array.
+    pub struct LocalDecisions {
+        words: Vec<AtomicU32>,
+    }
+
+    impl Default for LocalDecisions {
+        fn default() -> Self {
+            Self { words: (0..FLOWS_MAX).map(|_| AtomicU32::new(DECISION_NONE)).collect() }
+        }
+    }
+
+    impl LocalDecisions {
+        pub fn set(&self, index: u32, decision: u32) {
+            self.words[index as usize].store(decision, Ordering::Relaxed);
+        }
+    }
+
+    impl LaneDecisions for LocalDecisions {
+        fn decision(&self, index: u32) -> u32 {
+            self.words.get(index as usize).map_or(DECISION_NONE, |w| w.load(Ordering::Relaxed))
+        }
+
+        fn clear(&self, index: u32) {
+            self.set(index, DECISION_NONE);
+        }
+    }
 
     /// Every index is handed out once, reuse bumps the generation and
     /// clears the old decision, and an exhausted table yields unsteered

@@ -384,7 +384,10 @@ fn policy(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
                 None => println!("no policy: lanes by batch size"),
             }
             let flows = &answer["flows"];
-            println!("flows: {} latency, {} bulk, {} undecided", flows["latency"], flows["bulk"], flows["undecided"]);
+            println!(
+                "flows: {} open; decided {} latency, {} bulk ({} entries undecided)",
+                flows["open"], flows["latency"], flows["bulk"], flows["undecided"]
+            );
             let connections = &answer["connections"];
             println!(
                 "connections accepted: {} on latency-lane workers, {} on bulk-lane workers",
