@@ -161,6 +161,10 @@ pub struct CreateRequest {
     /// Fixed record size for `records` datasets without an index.
     #[serde(default)]
     pub record_size: Option<u64>,
+    /// Bytes the dataset will hold: placement takes only a namespace that
+    /// holds them (the smallest such), else a file.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
 }
 
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = CreateRequest, responses((status = 201, body = crate::catalog::DatasetRecord), (status = 400, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
@@ -169,7 +173,7 @@ async fn create(
     Json(request): Json<CreateRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
-    Ok((StatusCode::CREATED, Json(control.create_with(&request.name, kind, request.record_size)?)))
+    Ok((StatusCode::CREATED, Json(control.create_with(&request.name, kind, request.record_size, request.size_bytes)?)))
 }
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]

@@ -117,6 +117,19 @@ pub struct ControlPlane {
 }
 
 /// A block device's size: where a seek to its end lands (0 if unreadable).
+/// The smallest candidate of at least `need` bytes (best fit), or the
+/// first candidate when nothing is asked.
+fn best_fit<T: Copy>(candidates: &[(T, u64)], need: Option<u64>) -> Option<(T, u64)> {
+    match need {
+        None => candidates.first().copied(),
+        Some(need) => candidates.iter().filter(|(_, capacity)| *capacity >= need).min_by_key(|(_, c)| *c).copied(),
+    }
+}
+
+fn hint_words(size_hint: Option<u64>) -> String {
+    size_hint.map(|bytes| format!("; the smallest that holds the {bytes} bytes asked")).unwrap_or_default()
+}
+
 fn block_device_bytes(path: &Path) -> u64 {
     std::fs::File::open(path).and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))).unwrap_or(0)
 }
@@ -363,9 +376,11 @@ impl ControlPlane {
     /// Chooses where a new dataset lives. With the uring driver: a whole
     /// namespace device while one is free; else a namespace attached from a
     /// configured controller's detached pool; else a file per dataset in the
-    /// node's namespace directory. Runs inside the catalog's write
-    /// transaction, so two creates never pick the same namespace.
-    fn allocate_namespace(&self, id: u64) -> NamespaceRecord {
+    /// node's namespace directory. With a size hint, only namespaces that
+    /// hold it count, and the smallest of those is taken (best fit, so big
+    /// namespaces stay free for big datasets). Runs inside the catalog's
+    /// write transaction, so two creates never pick the same namespace.
+    fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
         let file = |reason: String| NamespaceRecord {
             kind: "file".into(),
             path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
@@ -395,42 +410,62 @@ impl ControlPlane {
             // Unknown use: claim no device rather than risk sharing one.
             Err(_) => return file("the catalog could not say which namespaces are in use: a file".into()),
         };
-        let free: Vec<&PathBuf> =
-            self.namespace_devices.iter().filter(|d| !used.contains(&d.display().to_string())).collect();
-        if let Some(device) = free.first() {
+        let free: Vec<(&PathBuf, u64)> = self
+            .namespace_devices
+            .iter()
+            .filter(|d| !used.contains(&d.display().to_string()))
+            .map(|d| (d, block_device_bytes(d)))
+            .collect();
+        if let Some((device, capacity_bytes)) = best_fit(&free, size_hint) {
             return NamespaceRecord {
                 kind: "device".into(),
                 path: device.display().to_string(),
                 base_offset_bytes: 0,
                 reason: format!(
-                    "a whole NVMe namespace: {} ({} of {} namespace devices were free)",
+                    "a whole NVMe namespace: {} of {capacity_bytes} bytes ({} of {} namespace devices were free{})",
                     device.display(),
                     free.len(),
-                    self.namespace_devices.len()
+                    self.namespace_devices.len(),
+                    hint_words(size_hint),
                 ),
                 attached: None,
             };
         }
         let mut why_not = Vec::new();
+        if !free.is_empty() {
+            why_not.push(format!("no free namespace device holds {} bytes", size_hint.unwrap_or(0)));
+        }
         for path in &self.nvme_controllers {
-            match self.attach_from(path) {
+            match self.attach_from(path, size_hint) {
                 Ok(record) => return record,
                 Err(err) => why_not.push(err),
             }
         }
         file(format!(
             "no free NVMe namespace ({} namespace devices in use{}{}): a file under the data directory",
-            self.namespace_devices.len(),
+            self.namespace_devices.len() - free.len(),
             if why_not.is_empty() { "" } else { "; " },
             why_not.join("; ")
         ))
     }
 
-    /// Attaches the first detached namespace of the controller at `path`.
-    fn attach_from(&self, path: &Path) -> Result<NamespaceRecord, String> {
+    /// Attaches a detached namespace of the controller at `path`: the
+    /// smallest that holds `size_hint`, or the first without one.
+    fn attach_from(&self, path: &Path, size_hint: Option<u64>) -> Result<NamespaceRecord, String> {
         let controller = crate::nvme::Controller::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let detached = controller.detached_namespaces().map_err(|e| e.to_string())?;
-        let nsid = *detached.first().ok_or_else(|| format!("{} has no detached namespace", path.display()))?;
+        let detached: Vec<(u32, u64)> = controller
+            .namespaces()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|ns| !ns.attached)
+            .map(|ns| (ns.nsid, ns.capacity_bytes))
+            .collect();
+        if detached.is_empty() {
+            return Err(format!("{} has no detached namespace", path.display()));
+        }
+        let (nsid, capacity_bytes) = best_fit(&detached, size_hint).ok_or_else(|| {
+            format!("no detached namespace of {} holds {} bytes", path.display(), size_hint.unwrap_or(0))
+        })?;
         let device = controller.attach(nsid).map_err(|e| e.to_string())?;
         tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
         Ok(NamespaceRecord {
@@ -438,9 +473,10 @@ impl ControlPlane {
             path: device.display().to_string(),
             base_offset_bytes: 0,
             reason: format!(
-                "a whole NVMe namespace attached for it: namespace {nsid} of {} ({} were detached)",
+                "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{})",
                 path.display(),
-                detached.len()
+                detached.len(),
+                hint_words(size_hint),
             ),
             attached: Some(crate::nvme::attachment_label(path, nsid)),
         })
@@ -576,16 +612,18 @@ impl ControlPlane {
     }
 
     pub fn create(&self, name: &str, kind: DatasetKind) -> Result<DatasetRecord, ControlError> {
-        self.create_with(name, kind, None)
+        self.create_with(name, kind, None, None)
     }
 
     /// Creates a dataset; `record_size` makes a `records` dataset of fixed
-    /// size records (no index needed).
+    /// size records (no index needed); `size_hint` (the bytes it will hold)
+    /// makes placement take only a namespace that holds them.
     pub fn create_with(
         &self,
         name: &str,
         kind: DatasetKind,
         record_size: Option<u64>,
+        size_hint: Option<u64>,
     ) -> Result<DatasetRecord, ControlError> {
         if record_size.is_some() && kind != DatasetKind::Records {
             return Err(ControlError::Records("--record-size applies to records datasets only".into()));
@@ -593,7 +631,7 @@ impl ControlPlane {
         if record_size == Some(0) {
             return Err(ControlError::Records("record size must be at least 1 byte".into()));
         }
-        let mut record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id))?;
+        let mut record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id, size_hint))?;
         if record_size.is_some() {
             record.record_size_bytes = record_size;
             self.catalog.update(&record, None)?;
@@ -1082,5 +1120,23 @@ impl DatasetResolver for Resolver {
 
     fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
         self.0.revocations.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::best_fit;
+
+    /// With a size, the smallest candidate that holds it; none when none
+    /// does; without one, the first (the order the operator listed them).
+    #[test]
+    fn placement_is_best_fit() {
+        let free = [("a", 64u64 << 20), ("b", 16 << 30), ("c", 1 << 30)];
+        assert_eq!(best_fit(&free, Some(100 << 20)), Some(("c", 1 << 30)));
+        assert_eq!(best_fit(&free, Some(2 << 30)), Some(("b", 16 << 30)));
+        assert_eq!(best_fit(&free, Some(64 << 20)), Some(("a", 64 << 20)));
+        assert_eq!(best_fit(&free, Some(32 << 30)), None);
+        assert_eq!(best_fit(&free, None), Some(("a", 64 << 20)));
+        assert_eq!(best_fit::<&str>(&[], None), None);
     }
 }

@@ -102,13 +102,6 @@ impl Controller {
             .collect())
     }
 
-    /// Namespaces that exist in the subsystem but are attached to no
-    /// controller here: the pool a dataset can take one from.
-    pub fn detached_namespaces(&self) -> io::Result<Vec<u32>> {
-        let active = self.nsid_list(CNS_ACTIVE_NSIDS)?;
-        Ok(self.nsid_list(CNS_ALLOCATED_NSIDS)?.into_iter().filter(|n| !active.contains(n)).collect())
-    }
-
     /// Every namespace of the subsystem this controller can attach: its
     /// id, whether it is attached here, and its size.
     pub fn namespaces(&self) -> io::Result<Vec<PoolNamespace>> {

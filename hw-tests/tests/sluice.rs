@@ -109,7 +109,8 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
 
 /// With `--nvme-controller`, each new dataset gets a namespace attached
 /// from the controller's detached pool through NVMe admin commands; delete
-/// detaches it again; when the pool is empty a dataset gets a file.
+/// detaches it again; when the pool is empty, or no namespace holds the
+/// size asked, a dataset gets a file.
 #[test]
 fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     let Some(rig) =
@@ -192,7 +193,17 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
         64u64 << 20
     );
     assert!(devices.contains(&free), "namespace 2 listed free: {devices}");
-    ctl("dataset create fourth --kind bytes").expect("create fourth");
-    assert_eq!(stat("fourth")["namespace"]["attached"], format!("/dev/{}:2", controller.name), "reused");
+    // A size no namespace holds gets a file and leaves the pool alone.
+    ctl(&format!("dataset create huge --kind bytes --size {}", 128u64 << 20)).expect("create huge");
+    let huge = stat("huge");
+    assert_eq!(huge["namespace"]["kind"], "file", "{huge}");
+    let reason = huge["namespace"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains(&format!("holds {} bytes", 128u64 << 20)), "{huge}");
+    assert_eq!(attached(&rig), [1, 3], "namespace 2 still detached");
+    ctl("dataset create fourth --kind bytes --size 1000000").expect("create fourth");
+    let fourth = stat("fourth");
+    assert_eq!(fourth["namespace"]["attached"], format!("/dev/{}:2", controller.name), "reused: {fourth}");
+    let reason = fourth["namespace"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains(&format!("{} bytes", 64u64 << 20)) && reason.contains("1000000 bytes asked"), "{fourth}");
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }

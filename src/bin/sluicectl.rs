@@ -107,6 +107,10 @@ enum DatasetCommand {
         /// For `records`: every record has this many bytes (no index file).
         #[arg(long)]
         record_size: Option<u64>,
+        /// Bytes it will hold: the node places it on a namespace that holds
+        /// them (the smallest such), else in a file.
+        #[arg(long, value_name = "BYTES")]
+        size: Option<u64>,
     },
     /// Append files (raw, .npy arrays, or tar shards for wds) in order.
     Ingest {
@@ -457,8 +461,9 @@ fn grant(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
 
 fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
     match command {
-        DatasetCommand::Create { name, kind, record_size } => {
-            let body = serde_json::json!({ "name": name, "kind": kind, "record_size": record_size });
+        DatasetCommand::Create { name, kind, record_size, size } => {
+            let body =
+                serde_json::json!({ "name": name, "kind": kind, "record_size": record_size, "size_bytes": size });
             let record: DatasetRecord = api
                 .call(ureq::post(&api.url("/v1/datasets")).send_json(body))?
                 .into_json()
