@@ -75,11 +75,23 @@ impl UringTracer {
         let mut config: Array<&mut MapData, UringConfig> =
             Array::try_from(bpf.map_mut("config").ok_or(UringTraceError::Missing("config"))?)?;
         config.set(0, UringConfig { tgid, sample_shift }, 0)?;
-        for (program, event) in [("submit_req", "io_uring_submit_req"), ("complete", "io_uring_complete")] {
+        // The submission tracepoint is `io_uring_submit_sqe` before 6.0 and
+        // `io_uring_submit_req` since; the fields read sit at the same offsets.
+        for (program, events) in [
+            ("submit_req", &["io_uring_submit_req", "io_uring_submit_sqe"][..]),
+            ("complete", &["io_uring_complete"][..]),
+        ] {
             let tracepoint: &mut TracePoint =
                 bpf.program_mut(program).ok_or(UringTraceError::Missing("a tracepoint program"))?.try_into()?;
             tracepoint.load()?;
-            tracepoint.attach("io_uring", event)?;
+            let mut attached = Err(UringTraceError::Missing("an io_uring tracepoint"));
+            for event in events {
+                attached = tracepoint.attach("io_uring", event).map(drop).map_err(UringTraceError::from);
+                if attached.is_ok() {
+                    break;
+                }
+            }
+            attached?;
         }
         Ok(Self { bpf, sample_shift })
     }
