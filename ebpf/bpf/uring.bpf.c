@@ -6,8 +6,8 @@
  * (request objects are recycled, so their addresses would be a biased
  * sample); the others cost a counter increment and, at completion, one
  * hash lookup that misses. Fields are read at the offsets 6.1 and 6.18
- * share (events/io_uring/io_uring_{submit_req,complete}/format; before
- * 6.0 the first is io_uring_submit_sqe, which the loader falls back to). */
+ * share (events/io_uring/io_uring_{submit_req,complete}/format; on 6.1
+ * the first is io_uring_submit_sqe, which the loader falls back to). */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 

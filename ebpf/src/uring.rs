@@ -75,8 +75,9 @@ impl UringTracer {
         let mut config: Array<&mut MapData, UringConfig> =
             Array::try_from(bpf.map_mut("config").ok_or(UringTraceError::Missing("config"))?)?;
         config.set(0, UringConfig { tgid, sample_shift }, 0)?;
-        // The submission tracepoint is `io_uring_submit_sqe` before 6.0 and
-        // `io_uring_submit_req` since; the fields read sit at the same offsets.
+        // The submission tracepoint is `io_uring_submit_req` on newer kernels
+        // and `io_uring_submit_sqe` on older ones (6.1 among them); the
+        // fields read sit at the same offsets.
         for (program, events) in [
             ("submit_req", &["io_uring_submit_req", "io_uring_submit_sqe"][..]),
             ("complete", &["io_uring_complete"][..]),
