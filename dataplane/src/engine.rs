@@ -776,7 +776,6 @@ impl CoreEngine {
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
             let block_size_bytes = geometry.block_size_bytes;
-            probe.dataset_id = view.dataset_id;
             probe.submit_ns = monotonic_ns(self.clock);
             sluice_probe_batch_submit(&probe);
             self.active[active_index] = Some(ActiveBatch {

@@ -69,9 +69,15 @@ impl TraceError {
     /// Whether the kernel refused for lack of privilege (not root, no
     /// CAP_BPF/CAP_PERFMON, or BPF disabled), as opposed to a bug.
     pub fn is_permission(&self) -> bool {
-        let text = format!("{self:?}");
-        text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("Operation not permitted")
+        refused_for_privilege(self)
     }
+}
+
+/// Whether an aya error (however deeply wrapped) is the kernel refusing for
+/// lack of privilege: aya keeps the errno only inside its own error types.
+fn refused_for_privilege(err: &dyn std::fmt::Debug) -> bool {
+    let text = format!("{err:?}");
+    text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("Operation not permitted")
 }
 
 /// Whose probe calls are traced.

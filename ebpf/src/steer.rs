@@ -63,8 +63,7 @@ pub enum SteerError {
 impl SteerError {
     /// Whether the kernel refused for lack of privilege.
     pub fn is_permission(&self) -> bool {
-        let text = format!("{self:?}");
-        text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("Operation not permitted")
+        crate::refused_for_privilege(self)
     }
 }
 

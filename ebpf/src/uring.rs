@@ -57,6 +57,13 @@ pub enum UringTraceError {
     Tracefs(std::io::Error),
 }
 
+impl UringTraceError {
+    /// Whether the kernel refused for lack of privilege.
+    pub fn is_permission(&self) -> bool {
+        crate::refused_for_privilege(self)
+    }
+}
+
 /// The attached io_uring tracepoints.
 pub struct UringTracer {
     bpf: Ebpf,

@@ -216,13 +216,9 @@ fn sk_reuseport_lands_a_known_mix_where_expected() {
 #[test]
 fn uring_tracepoints_count_the_node_io_exactly() {
     let test = "uring_tracepoints_count_the_node_io_exactly";
-    let Some(uring) = bpf_or_skip(
-        test,
-        |e: &sluice_ebpf::uring::UringTraceError| {
-            format!("{e:?}").contains("EPERM") || format!("{e:?}").contains("PermissionDenied")
-        },
-        || UringTracer::attach(std::process::id(), 0),
-    ) else {
+    let Some(uring) = bpf_or_skip(test, sluice_ebpf::uring::UringTraceError::is_permission, || {
+        UringTracer::attach(std::process::id(), 0)
+    }) else {
         return;
     };
     let sampled = UringTracer::attach(std::process::id(), 3).expect("sampled tracer");
