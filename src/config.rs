@@ -83,6 +83,22 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
+    /// etcd client endpoint (`http://host:2379`): keep the catalog there,
+    /// shared with every node started with the same endpoint and prefix,
+    /// instead of the local redb file.
+    pub etcd: Option<String>,
+    /// Key prefix of this cluster in etcd.
+    pub etcd_prefix: String,
+    /// This node's id in the cluster; the node `name` when unset.
+    pub node_id: Option<String>,
+    /// Nodes that hold a copy of each dataset (cluster only).
+    pub replicas: usize,
+    /// Host or IP clients and peers reach this node at; the listening
+    /// address's IP when unset (set it when listening on 0.0.0.0).
+    pub advertise: Option<String>,
+    /// Seconds a node's membership outlives its last renewal: how soon a
+    /// killed node leaves the cluster.
+    pub member_ttl_s: u64,
 }
 
 /// Faults injected by the driver, by namespace byte range `[start, end)`.
@@ -122,6 +138,12 @@ impl Default for NodeConfig {
             latency_lane_max_bytes: 512 * 1024,
             insecure: false,
             faults: None,
+            etcd: None,
+            etcd_prefix: "/sluice".into(),
+            node_id: None,
+            replicas: 2,
+            advertise: None,
+            member_ttl_s: 3,
         }
     }
 }

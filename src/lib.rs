@@ -6,6 +6,7 @@
 pub mod config;
 pub mod node;
 pub mod readbench;
+pub mod replicate;
 pub mod top;
 
 pub use config::NodeConfig;

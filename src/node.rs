@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use sluice_control::{api, ControlPlane, Resolver};
+use sluice_control::{api, CatalogChoice, ControlPlane, Resolver};
 use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
 use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
 use sluice_rdma::tcp::{serve, ServerConfig};
@@ -130,7 +130,16 @@ impl Node {
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);
-        let control = Arc::new(ControlPlane::open(
+        let catalog = match &config.etcd {
+            Some(endpoint) => CatalogChoice::Etcd {
+                endpoint: endpoint.clone(),
+                prefix: config.etcd_prefix.clone(),
+                node: config.node_id.clone().unwrap_or_else(|| config.name.clone()),
+                replicas: config.replicas.max(1),
+            },
+            None => CatalogChoice::Local,
+        };
+        let control = Arc::new(ControlPlane::open_with(
             &config.data_dir,
             driver,
             Arc::clone(&plane),
@@ -138,6 +147,7 @@ impl Node {
                 devices: config.namespace_devices.clone(),
                 controllers: config.nvme_controllers.clone(),
             },
+            catalog,
         )?);
         control.set_insecure(config.insecure);
         if config.insecure {
@@ -275,6 +285,16 @@ impl Node {
             }
         }
         tasks.push(control_task);
+        if config.etcd.is_some() {
+            let host = |addr: SocketAddr| config.advertise.clone().unwrap_or_else(|| addr.ip().to_string());
+            control.join_cluster(
+                format!("http://{}:{}", host(control_addr), control_addr.port()),
+                format!("{}:{}", host(data_addr), data_addr.port()),
+                std::time::Duration::from_secs(config.member_ttl_s.max(1)),
+            )?;
+            tracing::info!("joined the cluster: {}", control.catalog().describe());
+            tasks.push(tokio::spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
+        }
         let rdma_addr = config.rdma_listen;
         Ok(Self { control_addr, data_addr, rdma_addr, control, plane, shutdown, tasks })
     }
@@ -315,6 +335,7 @@ impl Node {
     /// Stops accepting, lets the control API finish its requests, and stops
     /// the data-plane cores after their in-flight I/O.
     pub async fn shutdown(self) {
+        self.control.leave_cluster();
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;

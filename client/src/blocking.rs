@@ -80,6 +80,16 @@ impl Dataset {
         self.inner.len_bytes()
     }
 
+    /// See [`crate::Dataset::endpoint`].
+    pub fn endpoint(&self) -> String {
+        self.inner.endpoint()
+    }
+
+    /// See [`crate::Dataset::failovers`].
+    pub fn failovers(&self) -> u64 {
+        self.inner.failovers()
+    }
+
     /// See [`crate::Dataset::read_batch`].
     pub fn read_batch(&self, ranges: &[ReadRange], buf: &mut Vec<u8>) -> Result<Vec<RangeStatus>, ClientError> {
         self.runtime.block_on(self.inner.read_batch(ranges, buf))

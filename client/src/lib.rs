@@ -84,6 +84,7 @@ pub struct Client {
     node: NodeInfo,
     transport: Arc<Transport>,
     transport_reason: String,
+    choice: TransportChoice,
 }
 
 fn http_get(endpoint: &str, path: &str) -> Result<ureq::Response, ClientError> {
@@ -142,7 +143,7 @@ impl Client {
         let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
         let (transport, transport_reason) = Transport::connect(&node, choice, &name).await?;
         tracing::debug!("connected to {} over {} ({transport_reason})", node.name, transport.name());
-        Ok(Self { endpoint, node, transport: Arc::new(transport), transport_reason })
+        Ok(Self { endpoint, node, transport: Arc::new(transport), transport_reason, choice })
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -173,35 +174,119 @@ impl Client {
 
     pub async fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
         let token = options.token.or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
-        let (handle, info) = self.transport.open(name, token).await?;
+        let (handle, info) = self.transport.open(name, token.clone()).await?;
         let chunk_crcs = if options.verify_chunks {
             let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{name}/chunks")).await?;
             Some(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         } else {
             None
         };
+        let session = Session { transport: Arc::clone(&self.transport), handle, endpoint: self.endpoint.clone() };
         Ok(Dataset {
-            transport: Arc::clone(&self.transport),
-            handle,
+            session: std::sync::RwLock::new(Arc::new(session)),
             info,
             chunk_crcs,
-            endpoint: self.endpoint.clone(),
             name: name.to_string(),
+            token,
+            choice: self.choice,
+            failovers: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }
 
-/// An open dataset.
-pub struct Dataset {
+/// One node's connection and the dataset's handle on it.
+struct Session {
     transport: Arc<Transport>,
     handle: u32,
+    endpoint: String,
+}
+
+/// An open dataset. In a cluster it knows every live node holding a copy
+/// (from the open) and, when its node or the link to it dies, reopens on
+/// the next and repeats the read: reads are idempotent.
+pub struct Dataset {
+    session: std::sync::RwLock<Arc<Session>>,
     info: OpenInfo,
     chunk_crcs: Option<Arc<[u32]>>,
-    endpoint: String,
     name: String,
+    token: Option<String>,
+    choice: TransportChoice,
+    failovers: std::sync::atomic::AtomicU64,
+}
+
+/// Whether an error means the node or the link is gone (another copy may
+/// answer), not that the node refused.
+fn is_connection_loss(err: &ClientError) -> bool {
+    matches!(
+        err,
+        ClientError::Transport(
+            TransportError::Connect { .. } | TransportError::Io(_) | TransportError::Lost(_) | TransportError::Rdma(_)
+        )
+    )
 }
 
 impl Dataset {
+    fn session(&self) -> Arc<Session> {
+        match self.session.read() {
+            Ok(session) => Arc::clone(&session),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// The control endpoint of the node serving this dataset now.
+    pub fn endpoint(&self) -> String {
+        self.session().endpoint.clone()
+    }
+
+    /// Times this dataset moved to another node after losing one.
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Moves to the next node holding a copy after `failed` was lost, unless
+    /// a concurrent read already did.
+    async fn fail_over(&self, failed: &Arc<Session>, cause: &ClientError) -> Result<(), ClientError> {
+        if !Arc::ptr_eq(&self.session(), failed) {
+            return Ok(());
+        }
+        let replicas = &self.info.replicas;
+        let start = replicas.iter().position(|e| *e == failed.endpoint).map_or(0, |i| i + 1);
+        let mut last = None;
+        for endpoint in replicas.iter().cycle().skip(start).take(replicas.len()) {
+            if *endpoint == failed.endpoint {
+                continue;
+            }
+            let reopened = async {
+                let client = Client::connect_with(endpoint, self.choice).await?;
+                let (handle, info) = client.transport.open(&self.name, self.token.clone()).await?;
+                if info.content_hash != self.info.content_hash {
+                    return Err(ClientError::Control {
+                        endpoint: endpoint.clone(),
+                        message: format!("serves other content for {} ({})", self.name, info.content_hash),
+                    });
+                }
+                Ok(Session { transport: client.transport, handle, endpoint: endpoint.clone() })
+            };
+            match reopened.await {
+                Ok(session) => {
+                    tracing::warn!("{}: lost {} ({cause}); reading from {endpoint}", self.name, failed.endpoint);
+                    if let Ok(mut current) = self.session.write() {
+                        if Arc::ptr_eq(&current, failed) {
+                            *current = Arc::new(session);
+                            self.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    return Ok(());
+                }
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Control {
+            endpoint: failed.endpoint.clone(),
+            message: format!("lost ({cause}) and no other node holds {}", self.name),
+        }))
+    }
+
     pub fn info(&self) -> &OpenInfo {
         &self.info
     }
@@ -213,12 +298,12 @@ impl Dataset {
     /// A reusable destination buffer for this dataset's connection; see
     /// [`Client::buffer`].
     pub fn buffer(&self, len: usize) -> Result<ReadBuffer, ClientError> {
-        ReadBuffer::for_transport(&self.transport, len)
+        ReadBuffer::for_transport(&self.session().transport, len)
     }
 
     /// The transport this dataset is read over.
     pub fn transport(&self) -> &'static str {
-        self.transport.name()
+        self.session().transport.name()
     }
 
     pub fn name(&self) -> &str {
@@ -228,7 +313,7 @@ impl Dataset {
     /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
-        let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{}/index", self.name)).await?;
+        let bytes = http_get_bytes(&self.endpoint(), format!("/v1/datasets/{}/index", self.name)).await?;
         Ok(bytes
             .chunks_exact(16)
             .map(|e| {
@@ -270,8 +355,31 @@ impl Dataset {
                 return Err(ClientError::Destination { index, dest: r.dest, len: r.len, buf_len });
             }
         }
-        let batches = split_batches(ranges, self.transport.limits());
-        let results = self.transfer(&batches, landing).await?;
+        let mut attempts = 0;
+        loop {
+            let session = self.session();
+            match self.read_once(&session, ranges, landing).await {
+                Err(err)
+                    if is_connection_loss(&err)
+                        && attempts < self.info.replicas.len()
+                        && landing.bytes().len() == buf_len =>
+                {
+                    attempts += 1;
+                    self.fail_over(&session, &err).await?;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn read_once(
+        &self,
+        session: &Session,
+        ranges: &[ReadRange],
+        landing: &mut Landing,
+    ) -> Result<Vec<RangeStatus>, ClientError> {
+        let batches = split_batches(ranges, session.transport.limits());
+        let results = self.transfer(session, &batches, landing).await?;
         let mut statuses = vec![RangeStatus::Ok; ranges.len()];
         for (batch, result) in batches.iter().zip(results) {
             let piece_statuses = result?;
@@ -290,16 +398,17 @@ impl Dataset {
     /// Runs the wire batches concurrently, landing their bytes in `landing`.
     async fn transfer(
         &self,
+        session: &Session,
         batches: &[Vec<(usize, RangeDescriptor)>],
         landing: &mut Landing,
     ) -> Result<Vec<Result<Vec<RangeStatus>, TransportError>>, ClientError> {
         let descriptors: Vec<Vec<RangeDescriptor>> =
             batches.iter().map(|batch| batch.iter().map(|(_, d)| *d).collect()).collect();
-        match &*self.transport {
+        match &*session.transport {
             Transport::Tcp(tcp) => {
                 let sink = Arc::new(tokio::sync::Mutex::new(landing.take().into_vec()));
                 let results =
-                    join_all(descriptors.iter().map(|d| tcp.read_batch(self.handle, d, Arc::clone(&sink)))).await;
+                    join_all(descriptors.iter().map(|d| tcp.read_batch(session.handle, d, Arc::clone(&sink)))).await;
                 *landing = Landing::Plain(match Arc::try_unwrap(sink) {
                     Ok(mutex) => mutex.into_inner(),
                     Err(shared) => shared.lock().await.clone(),
@@ -320,7 +429,7 @@ impl Dataset {
                     },
                 };
                 let shared = registered.shared();
-                let results = join_all(descriptors.iter().map(|d| rdma.read_batch(self.handle, d, &shared))).await;
+                let results = join_all(descriptors.iter().map(|d| rdma.read_batch(session.handle, d, &shared))).await;
                 match shared.reclaim() {
                     Ok(buffer) => *landing = Landing::Registered(buffer),
                     Err(_) => return Err(TransportError::Lost("a read still holds the buffer".into()).into()),
@@ -331,7 +440,8 @@ impl Dataset {
     }
 
     pub async fn close(self) -> Result<(), ClientError> {
-        Ok(self.transport.close(self.handle).await?)
+        let session = self.session();
+        Ok(session.transport.close(session.handle).await?)
     }
 }
 

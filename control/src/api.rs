@@ -25,6 +25,7 @@ pub fn router(control: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route("/v1/devices", get(devices))
+        .route("/v1/cluster", get(cluster))
         .route("/v1/trace", get(trace))
         .route(
             "/v1/policy",
@@ -80,6 +81,8 @@ impl From<ControlError> for ApiError {
             ControlError::UnknownGrant(_) => StatusCode::NOT_FOUND,
             ControlError::Steering(_) => StatusCode::CONFLICT,
             ControlError::BadPolicy(_) => StatusCode::BAD_REQUEST,
+            ControlError::Elsewhere { .. } => StatusCode::MISDIRECTED_REQUEST,
+            ControlError::Cluster(_) => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: err.code().to_string(), message: err.to_string() }
@@ -108,6 +111,7 @@ fn bad_request(message: impl Into<String>) -> ApiError {
         node,
         metrics,
         devices,
+        cluster,
         trace,
         show_policy,
         load_policy,
@@ -142,6 +146,14 @@ async fn metrics(State(control): State<Shared>) -> impl IntoResponse {
 #[utoipa::path(get, path = "/v1/devices", tag = "operations", responses((status = 200, body = Vec<crate::node::DeviceReport>)))]
 async fn devices(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.devices())
+}
+
+#[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::node::ClusterStatus), (status = 500, body = ApiErrorBody)))]
+async fn cluster(State(control): State<Shared>) -> Result<Json<crate::node::ClusterStatus>, ApiError> {
+    let status = tokio::task::spawn_blocking(move || control.cluster_status())
+        .await
+        .map_err(|e| ApiError::from(ControlError::Cluster(e.to_string())))??;
+    Ok(Json(status))
 }
 
 #[utoipa::path(get, path = "/v1/node", tag = "operations", responses((status = 200, description = "The node: name, version, data-plane address, driver, grants_required", body = Object)))]

@@ -85,12 +85,20 @@ pub struct DatasetRecord {
     /// Samples committed (`records` and `wds`).
     #[serde(default)]
     pub record_count: u64,
+    /// Nodes chosen to hold a copy, the ingesting node first (a cluster
+    /// catalog only; empty on a single node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     #[error("catalog store: {0}")]
     Store(#[source] Box<redb::Error>),
+    #[error("catalog in etcd: {0}")]
+    Cluster(#[from] crate::etcd::EtcdError),
+    #[error("catalog in etcd: {0}")]
+    Contended(String),
     #[error("catalog record of {name}: {source}")]
     Record {
         name: String,
@@ -126,8 +134,79 @@ pub fn valid_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
+/// Where datasets, their checksums and grants are kept: an embedded redb
+/// file on a single node ([`Catalog`]), or etcd shared by a cluster of
+/// nodes ([`crate::cluster::EtcdCatalog`]). Every change is one atomic
+/// transaction in either.
+pub trait CatalogStore: Send + Sync {
+    /// Adds a dataset in state `creating`; `namespace` picks its namespace
+    /// from the id it is given, and is called once.
+    fn create(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        now_unix_ms: u64,
+        namespace: &mut dyn FnMut(u64) -> NamespaceRecord,
+    ) -> Result<DatasetRecord, CatalogError>;
+    fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError>;
+    fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError>;
+    /// Replaces a record and, when given, its chunk checksums, atomically.
+    fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError>;
+    fn chunk_crcs(&self, id: u64) -> Result<Vec<u32>, CatalogError>;
+    /// Removes a dataset's record and checksums.
+    fn remove(&self, record: &DatasetRecord) -> Result<(), CatalogError>;
+    /// Stores a new grant; `make` builds it from the id it is given.
+    fn add_grant(&self, make: &mut dyn FnMut(u64) -> GrantRecord) -> Result<GrantRecord, CatalogError>;
+    /// Removes a grant; whether it existed.
+    fn remove_grant(&self, id: u64) -> Result<bool, CatalogError>;
+    fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError>;
+    /// Where the catalog lives, for the node's description.
+    fn describe(&self) -> String;
+
+    fn require(&self, name: &str) -> Result<DatasetRecord, CatalogError> {
+        self.get(name)?.ok_or_else(|| CatalogError::Unknown(name.to_string()))
+    }
+}
+
+/// Checksums as stored: little-endian u32s.
+pub(crate) fn crcs_to_bytes(crcs: &[u32]) -> Vec<u8> {
+    crcs.iter().flat_map(|c| c.to_le_bytes()).collect()
+}
+
+pub(crate) fn crcs_from_bytes(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// A new record in state `creating`.
+pub(crate) fn new_record(
+    id: u64,
+    name: &str,
+    kind: DatasetKind,
+    now_unix_ms: u64,
+    namespace: NamespaceRecord,
+) -> DatasetRecord {
+    DatasetRecord {
+        id,
+        name: name.to_string(),
+        kind,
+        state: DatasetState::Creating,
+        length_bytes: 0,
+        files_ingested: 0,
+        chunk_size_bytes: sluice_dataplane::CHUNK_SIZE_BYTES,
+        content_hash: None,
+        namespace,
+        created_unix_ms: now_unix_ms,
+        sealed_unix_ms: None,
+        record_size_bytes: None,
+        record_count: 0,
+        placement: Vec::new(),
+    }
+}
+
+/// The single-node catalog: one redb file in the data directory.
 pub struct Catalog {
     db: Database,
+    path: std::path::PathBuf,
 }
 
 impl Catalog {
@@ -141,17 +220,17 @@ impl Catalog {
             txn.open_table(GRANTS).map_err(store)?;
         }
         txn.commit().map_err(store)?;
-        Ok(Self { db })
+        Ok(Self { db, path: path.to_path_buf() })
     }
+}
 
-    /// Adds a dataset in state `creating`; `namespace` picks its namespace
-    /// from the id it is given.
-    pub fn create(
+impl CatalogStore for Catalog {
+    fn create(
         &self,
         name: &str,
         kind: DatasetKind,
         now_unix_ms: u64,
-        namespace: impl FnOnce(u64) -> NamespaceRecord,
+        namespace: &mut dyn FnMut(u64) -> NamespaceRecord,
     ) -> Result<DatasetRecord, CatalogError> {
         if !valid_name(name) {
             return Err(CatalogError::BadName(name.to_string()));
@@ -168,21 +247,7 @@ impl Catalog {
             let mut meta = txn.open_table(META).map_err(store)?;
             let id = meta.get(NEXT_ID).map_err(store)?.map(|v| v.value()).unwrap_or(1);
             meta.insert(NEXT_ID, id + 1).map_err(store)?;
-            let record = DatasetRecord {
-                id,
-                name: name.to_string(),
-                kind,
-                state: DatasetState::Creating,
-                length_bytes: 0,
-                files_ingested: 0,
-                chunk_size_bytes: sluice_dataplane::CHUNK_SIZE_BYTES,
-                content_hash: None,
-                namespace: namespace(id),
-                created_unix_ms: now_unix_ms,
-                sealed_unix_ms: None,
-                record_size_bytes: None,
-                record_count: 0,
-            };
+            let record = new_record(id, name, kind, now_unix_ms, namespace(id));
             datasets.insert(name, encode(&record)?.as_slice()).map_err(store)?;
             record
         };
@@ -190,18 +255,14 @@ impl Catalog {
         Ok(record)
     }
 
-    pub fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError> {
+    fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError> {
         let txn = self.db.begin_read().map_err(store)?;
         let datasets = txn.open_table(DATASETS).map_err(store)?;
         let value = datasets.get(name).map_err(store)?;
         value.map(|v| decode(name, v.value())).transpose()
     }
 
-    pub fn require(&self, name: &str) -> Result<DatasetRecord, CatalogError> {
-        self.get(name)?.ok_or_else(|| CatalogError::Unknown(name.to_string()))
-    }
-
-    pub fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError> {
+    fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError> {
         let txn = self.db.begin_read().map_err(store)?;
         let datasets = txn.open_table(DATASETS).map_err(store)?;
         let mut out = Vec::new();
@@ -212,8 +273,7 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Replaces a record and, when given, its chunk checksums, atomically.
-    pub fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError> {
+    fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError> {
         let txn = self.db.begin_write().map_err(store)?;
         {
             let mut datasets = txn.open_table(DATASETS).map_err(store)?;
@@ -222,7 +282,7 @@ impl Catalog {
             }
             datasets.insert(record.name.as_str(), encode(record)?.as_slice()).map_err(store)?;
             if let Some(crcs) = chunk_crcs {
-                let bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+                let bytes = crcs_to_bytes(crcs);
                 let mut table = txn.open_table(CHUNK_CRCS).map_err(store)?;
                 table.insert(record.id, bytes.as_slice()).map_err(store)?;
             }
@@ -231,17 +291,14 @@ impl Catalog {
         Ok(())
     }
 
-    pub fn chunk_crcs(&self, id: u64) -> Result<Vec<u32>, CatalogError> {
+    fn chunk_crcs(&self, id: u64) -> Result<Vec<u32>, CatalogError> {
         let txn = self.db.begin_read().map_err(store)?;
         let table = txn.open_table(CHUNK_CRCS).map_err(store)?;
         let value = table.get(id).map_err(store)?;
-        Ok(value
-            .map(|v| v.value().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-            .unwrap_or_default())
+        Ok(value.map(|v| crcs_from_bytes(v.value()).collect()).unwrap_or_default())
     }
 
-    /// Stores a new grant; `make` builds it from the id it is given.
-    pub fn add_grant(&self, make: impl FnOnce(u64) -> GrantRecord) -> Result<GrantRecord, CatalogError> {
+    fn add_grant(&self, make: &mut dyn FnMut(u64) -> GrantRecord) -> Result<GrantRecord, CatalogError> {
         let txn = self.db.begin_write().map_err(store)?;
         let grant = {
             let mut grants = txn.open_table(GRANTS).map_err(store)?;
@@ -261,15 +318,14 @@ impl Catalog {
         Ok(grant)
     }
 
-    /// Removes a grant; whether it existed.
-    pub fn remove_grant(&self, id: u64) -> Result<bool, CatalogError> {
+    fn remove_grant(&self, id: u64) -> Result<bool, CatalogError> {
         let txn = self.db.begin_write().map_err(store)?;
         let existed = txn.open_table(GRANTS).map_err(store)?.remove(id).map_err(store)?.is_some();
         txn.commit().map_err(store)?;
         Ok(existed)
     }
 
-    pub fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError> {
+    fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError> {
         let txn = self.db.begin_read().map_err(store)?;
         let table = txn.open_table(GRANTS).map_err(store)?;
         let mut out = Vec::new();
@@ -281,7 +337,11 @@ impl Catalog {
         Ok(out)
     }
 
-    pub fn remove(&self, record: &DatasetRecord) -> Result<(), CatalogError> {
+    fn describe(&self) -> String {
+        format!("redb {}", self.path.display())
+    }
+
+    fn remove(&self, record: &DatasetRecord) -> Result<(), CatalogError> {
         let txn = self.db.begin_write().map_err(store)?;
         {
             txn.open_table(DATASETS).map_err(store)?.remove(record.name.as_str()).map_err(store)?;
@@ -321,12 +381,12 @@ mod tests {
         let path = dir.path().join("catalog.redb");
         {
             let catalog = Catalog::open(&path).expect("open");
-            let mut record = catalog.create("a", DatasetKind::TokensU16, 1, file_ns).expect("create");
-            assert!(matches!(catalog.create("a", DatasetKind::Bytes, 1, file_ns), Err(CatalogError::Exists(_))));
+            let mut record = catalog.create("a", DatasetKind::TokensU16, 1, &mut file_ns).expect("create");
+            assert!(matches!(catalog.create("a", DatasetKind::Bytes, 1, &mut file_ns), Err(CatalogError::Exists(_))));
             record.length_bytes = 10;
             record.state = DatasetState::Ingesting;
             catalog.update(&record, Some(&[1, 2, 3])).expect("update");
-            catalog.create("b", DatasetKind::Bytes, 2, file_ns).expect("create b");
+            catalog.create("b", DatasetKind::Bytes, 2, &mut file_ns).expect("create b");
         }
         let catalog = Catalog::open(&path).expect("reopen");
         let record = catalog.require("a").expect("a");

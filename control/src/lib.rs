@@ -4,6 +4,8 @@
 
 pub mod api;
 pub mod catalog;
+pub mod cluster;
+pub mod etcd;
 pub mod grants;
 pub mod index;
 pub mod ingest;
@@ -14,9 +16,10 @@ pub mod npy;
 pub mod nvme;
 pub mod tar;
 
-pub use catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
+pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
 pub use node::{
-    ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool, PolicyControl, Resolver, ScrubReport,
+    CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool,
+    PolicyControl, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };
 pub use sluice_rdma::NodeInfo;

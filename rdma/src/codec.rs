@@ -49,6 +49,10 @@ pub struct OpenInfo {
     pub length_bytes: u64,
     pub content_hash: String,
     pub chunk_size_bytes: u64,
+    /// Control endpoints of the live nodes holding a complete copy, the
+    /// answering node first: where a client fails over to (empty on a
+    /// single node).
+    pub replicas: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +100,7 @@ mod tests {
                 length_bytes: 10,
                 content_hash: "ab".into(),
                 chunk_size_bytes: 65536,
+                replicas: vec!["http://127.0.0.1:7070".into()],
             },
         };
         assert_eq!(decode(&encode(&message).expect("encode")).expect("decode"), message);

@@ -64,6 +64,23 @@ struct Args {
     /// that reaches the data port reads any sealed dataset.
     #[arg(long)]
     insecure: bool,
+    /// Keep the catalog in etcd at this endpoint (e.g. http://127.0.0.1:2379),
+    /// shared with the other nodes of the cluster.
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
+    /// Key prefix of the cluster in etcd [default: /sluice].
+    #[arg(long, value_name = "PREFIX")]
+    etcd_prefix: Option<String>,
+    /// This node's id in the cluster [default: the node name].
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// Copies of each dataset the cluster keeps [default: 2].
+    #[arg(long, value_name = "R")]
+    replicas: Option<usize>,
+    /// Host or IP clients and peers reach this node at [default: the
+    /// listening IP].
+    #[arg(long, value_name = "HOST")]
+    advertise: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -105,6 +122,21 @@ fn main() -> ExitCode {
         config.latency_lane_max_bytes = bytes;
     }
     config.insecure |= args.insecure;
+    if args.etcd.is_some() {
+        config.etcd = args.etcd;
+    }
+    if let Some(prefix) = args.etcd_prefix {
+        config.etcd_prefix = prefix;
+    }
+    if args.node_id.is_some() {
+        config.node_id = args.node_id;
+    }
+    if let Some(replicas) = args.replicas {
+        config.replicas = replicas;
+    }
+    if args.advertise.is_some() {
+        config.advertise = args.advertise;
+    }
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;
     }

@@ -34,6 +34,11 @@ impl NodeProcess {
         Self::spawn(data_dir, &[])
     }
 
+    /// A node that checks access grants, with more flags.
+    pub fn start_secure_with(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn(data_dir, extra)
+    }
+
     fn spawn(data_dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])

@@ -14,11 +14,16 @@ use sluice_rdma::metrics::DatasetCounters;
 use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
 use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
-use crate::catalog::{Catalog, CatalogError, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::cluster::{EtcdCatalog, Membership, REMOTE_KIND};
 use crate::grants::{self, GrantRecord, GrantView};
 use crate::index::IndexFile;
 use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use crate::kind::DatasetKind;
+
+mod replication;
+
+pub use replication::{CatalogChoice, ClusterStatus, ReplicaJob, ReplicaTarget};
 
 /// Bytes read per step when sealing.
 const SEAL_READ_BYTES: usize = 4 << 20;
@@ -53,6 +58,10 @@ pub enum ControlError {
     Steering(String),
     #[error("policy refused: {0}")]
     BadPolicy(String),
+    #[error("dataset {name:?} has no complete copy on this node; read it from {}", if elsewhere.is_empty() { "a node that holds it (none is live now)".to_string() } else { elsewhere.join(", ") })]
+    Elsewhere { name: String, elsewhere: Vec<String> },
+    #[error("{0}")]
+    Cluster(String),
 }
 
 impl ControlError {
@@ -78,6 +87,8 @@ impl ControlError {
             Self::Empty(_) => "empty",
             Self::DataPlane(_) => "data_plane",
             Self::Records(_) => "bad_input",
+            Self::Elsewhere { .. } => "elsewhere",
+            Self::Cluster(_) => "cluster",
         }
     }
 }
@@ -88,7 +99,12 @@ struct Attached {
 }
 
 pub struct ControlPlane {
-    catalog: Catalog,
+    catalog: Arc<dyn CatalogStore>,
+    /// The same catalog when it is etcd's: replicas and membership.
+    cluster: Option<Arc<EtcdCatalog>>,
+    /// Copies of each dataset a cluster keeps.
+    replication: usize,
+    membership: Mutex<Option<Membership>>,
     namespace_dir: PathBuf,
     /// Whole block devices (NVMe namespaces) given to this node, one per
     /// dataset; datasets beyond them get files under `namespace_dir`.
@@ -206,6 +222,17 @@ impl ControlPlane {
         plane: Arc<DataPlane>,
         pool: NamespacePool,
     ) -> Result<Self, ControlError> {
+        Self::open_with(data_dir, driver, plane, pool, CatalogChoice::Local)
+    }
+
+    /// As [`ControlPlane::open`], with the catalog where `choice` says.
+    pub fn open_with(
+        data_dir: &Path,
+        driver: Arc<dyn BlockDriver>,
+        plane: Arc<DataPlane>,
+        pool: NamespacePool,
+        choice: CatalogChoice,
+    ) -> Result<Self, ControlError> {
         let NamespacePool { devices: namespace_devices, controllers: nvme_controllers } = pool;
         for device in &namespace_devices {
             use std::os::unix::fs::FileTypeExt;
@@ -225,9 +252,18 @@ impl ControlPlane {
         let index_dir = data_dir.join("indexes");
         std::fs::create_dir_all(&index_dir)
             .map_err(|e| ControlError::Namespace { name: index_dir.display().to_string(), message: e.to_string() })?;
-        let catalog = Catalog::open(&data_dir.join("catalog.redb"))?;
+        let (catalog, cluster, replication): (Arc<dyn CatalogStore>, _, _) = match choice {
+            CatalogChoice::Local => (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1),
+            CatalogChoice::Etcd { endpoint, prefix, node, replicas } => {
+                let etcd = Arc::new(EtcdCatalog::connect(&endpoint, &prefix, &node)?);
+                (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1))
+            }
+        };
         let control = Self {
             catalog,
+            cluster,
+            replication,
+            membership: Mutex::new(None),
             namespace_dir,
             namespace_devices,
             nvme_controllers,
@@ -357,8 +393,8 @@ impl ControlPlane {
         self.info.read().map(|i| i.clone()).unwrap_or_default()
     }
 
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
+    pub fn catalog(&self) -> &dyn CatalogStore {
+        &*self.catalog
     }
 
     fn ns_error(&self, record: &DatasetRecord, err: impl std::fmt::Display) -> ControlError {
@@ -631,9 +667,12 @@ impl ControlPlane {
         if record_size == Some(0) {
             return Err(ControlError::Records("record size must be at least 1 byte".into()));
         }
-        let mut record = self.catalog.create(name, kind, now_unix_ms(), |id| self.allocate_namespace(id, size_hint))?;
-        if record_size.is_some() {
+        let mut record =
+            self.catalog.create(name, kind, now_unix_ms(), &mut |id| self.allocate_namespace(id, size_hint))?;
+        let placement = self.place_replicas();
+        if record_size.is_some() || !placement.is_empty() {
             record.record_size_bytes = record_size;
+            record.placement = placement;
             self.catalog.update(&record, None)?;
         }
         self.namespace(&record)?;
@@ -657,6 +696,12 @@ impl ControlPlane {
     pub fn begin_ingest(&self, name: &str, format: IngestFormat) -> Result<IngestSession<'_>, ControlError> {
         let guard = self.busy(name)?;
         let record = self.catalog.require(name)?;
+        if record.namespace.kind == REMOTE_KIND {
+            return Err(ControlError::Cluster(format!(
+                "{name} was created on node {}: ingest it there",
+                record.placement.first().map(String::as_str).unwrap_or("another node")
+            )));
+        }
         if !matches!(record.state, DatasetState::Creating | DatasetState::Ingesting) {
             return Err(ControlError::State {
                 name: name.into(),
@@ -915,7 +960,7 @@ impl ControlPlane {
             });
         }
         let token = grants::new_token();
-        let grant = self.catalog.add_grant(|id| GrantRecord {
+        let grant = self.catalog.add_grant(&mut |id| GrantRecord {
             id,
             client: client.to_string(),
             dataset: record.name.clone(),
@@ -976,6 +1021,11 @@ impl ControlPlane {
             .require(dataset)
             .map_err(|e| OpenError { code: ErrorCode::UnknownDataset, message: e.to_string() })?;
         let hash = grants::token_hash(token);
+        let known = self.grants.read().is_ok_and(|g| g.contains_key(&hash));
+        if !known && self.cluster.is_some() {
+            // Issued on another node since the last refresh.
+            self.refresh_grants();
+        }
         let grants = self.grants.read().map_err(|_| denied("grant table unavailable".into()))?;
         match grants.get(&hash) {
             Some(grant) if grant.dataset_id == record.id => {
@@ -1004,6 +1054,9 @@ impl ControlPlane {
                 needed: "sealed",
             });
         }
+        if !self.holds_ready_copy(&record)? {
+            return Err(ControlError::Elsewhere { name: name.into(), elsewhere: self.replica_endpoints(name) });
+        }
         let view = DatasetView {
             dataset_id: record.id,
             namespace: self.namespace(&record)?,
@@ -1017,6 +1070,7 @@ impl ControlPlane {
             length_bytes: record.length_bytes,
             content_hash: record.content_hash.clone().unwrap_or_default(),
             chunk_size_bytes: record.chunk_size_bytes,
+            replicas: Vec::new(),
         };
         attached.insert(name.to_string(), Attached { slot, info: info.clone() });
         Ok((slot, info))
@@ -1107,10 +1161,13 @@ impl DatasetResolver for Resolver {
             let code = match &err {
                 ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,
                 ControlError::State { .. } => ErrorCode::NotSealed,
+                ControlError::Elsewhere { .. } => ErrorCode::UnknownDataset,
                 _ => ErrorCode::Internal,
             };
             OpenError { code, message: err.to_string() }
         })?;
+        let mut info = info;
+        info.replicas = self.0.replica_endpoints(&name);
         Ok(Opened { slot, info, grant, counters: self.0.counters(&name) })
     }
 

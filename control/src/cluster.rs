@@ -1,0 +1,425 @@
+//! The catalog of a cluster of nodes, kept in etcd, and the nodes'
+//! membership there.
+//!
+//! Layout under the prefix (default `/sluice`):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `datasets/NAME` | the dataset's record (JSON), shared by every node |
+//! | `replicas/NODE/NAME` | that node's copy: its namespace, and whether it is complete |
+//! | `crcs/ID/PAGE` | chunk checksums, 32 768 per page |
+//! | `grants/ID` | access grants, valid on every node |
+//! | `members/NODE` | a live node's addresses, under a lease it renews |
+//! | `meta/next_dataset_id`, `meta/next_grant_id` | id counters |
+//!
+//! A dataset's namespace is a fact of one node, so each node reads the
+//! shared record with its own replica's namespace in it; a node that holds
+//! no copy sees the namespace kind `remote`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{
+    crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, NamespaceRecord,
+    DATASETS_MAX,
+};
+use crate::etcd::{Compare, Etcd, Op};
+use crate::grants::{GrantRecord, GRANTS_MAX};
+use crate::kind::DatasetKind;
+
+/// Chunk checksums per etcd value (128 KiB): an ingest rewrites only the
+/// pages from the old tail on.
+const CRCS_PER_PAGE: usize = 32_768;
+/// Tries of an optimistic update before giving up on a contended key.
+const CAS_TRIES: usize = 32;
+/// Nodes one cluster lists.
+pub const MEMBERS_MAX: usize = 1024;
+/// Longest node id.
+pub const NODE_ID_BYTES_MAX: usize = 64;
+/// The namespace kind of a dataset this node holds no copy of.
+pub const REMOTE_KIND: &str = "remote";
+
+/// One node's copy of a dataset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReplicaRecord {
+    pub node: String,
+    pub dataset: String,
+    pub dataset_id: u64,
+    pub namespace: NamespaceRecord,
+    /// Every byte is there and verified against the checksums and content
+    /// hash: the node serves it.
+    pub ready: bool,
+}
+
+/// A live node as it announces itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Member {
+    pub node: String,
+    /// Control API, `http://host:port`: what clients and peers connect to.
+    pub control_endpoint: String,
+    pub data_addr: String,
+    pub started_unix_ms: u64,
+}
+
+pub fn valid_node_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= NODE_ID_BYTES_MAX
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn record_error(name: &str, source: serde_json::Error) -> CatalogError {
+    CatalogError::Record { name: name.to_string(), source }
+}
+
+/// The catalog in etcd, as node `node` sees it.
+pub struct EtcdCatalog {
+    etcd: Etcd,
+    prefix: String,
+    node: String,
+}
+
+impl EtcdCatalog {
+    /// Checks that etcd answers; `prefix` keeps several clusters apart in
+    /// one etcd.
+    pub fn connect(endpoint: &str, prefix: &str, node: &str) -> Result<Self, CatalogError> {
+        if !valid_node_id(node) {
+            return Err(CatalogError::Contended(format!(
+                "invalid node id {node:?}: 1-{NODE_ID_BYTES_MAX} of [A-Za-z0-9._-]"
+            )));
+        }
+        let catalog = Self {
+            etcd: Etcd::new(endpoint),
+            prefix: prefix.trim_end_matches('/').to_string(),
+            node: node.to_string(),
+        };
+        catalog.etcd.get(&catalog.key("meta/next_dataset_id"))?;
+        Ok(catalog)
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    fn dataset_key(&self, name: &str) -> String {
+        self.key(&format!("datasets/{name}"))
+    }
+
+    fn replica_key(&self, node: &str, name: &str) -> String {
+        self.key(&format!("replicas/{node}/{name}"))
+    }
+
+    fn crcs_prefix(&self, id: u64) -> String {
+        self.key(&format!("crcs/{id:016x}/"))
+    }
+
+    fn grant_key(&self, id: u64) -> String {
+        self.key(&format!("grants/{id:016x}"))
+    }
+
+    /// Takes the next value of a counter (starting at 1).
+    fn next_id(&self, counter: &str) -> Result<u64, CatalogError> {
+        let key = self.key(counter);
+        for _ in 0..CAS_TRIES {
+            let current = self.etcd.get(&key)?;
+            let (id, compare) = match &current {
+                Some(kv) => (
+                    std::str::from_utf8(&kv.value).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1),
+                    Compare::ModRevision(key.clone(), kv.mod_revision),
+                ),
+                None => (1, Compare::Absent(key.clone())),
+            };
+            let put = Op::Put { key: key.clone(), value: (id + 1).to_string().into_bytes() };
+            if self.etcd.txn(&[compare], &[put])? {
+                return Ok(id);
+            }
+        }
+        Err(CatalogError::Contended(format!("counter {counter} changed {CAS_TRIES} times while taking an id")))
+    }
+
+    fn count(&self, prefix: &str, limit: usize) -> Result<usize, CatalogError> {
+        Ok(self.etcd.list(&self.key(prefix), limit + 1)?.len())
+    }
+
+    /// The record as stored: the namespace is per node, so none is in it.
+    fn shared(record: &DatasetRecord) -> DatasetRecord {
+        DatasetRecord { namespace: remote_namespace(), ..record.clone() }
+    }
+
+    fn decode_record(name: &str, bytes: &[u8]) -> Result<DatasetRecord, CatalogError> {
+        serde_json::from_slice(bytes).map_err(|e| record_error(name, e))
+    }
+
+    /// Every node's copies, by dataset name.
+    pub fn replicas(&self) -> Result<HashMap<String, Vec<ReplicaRecord>>, CatalogError> {
+        let mut out: HashMap<String, Vec<ReplicaRecord>> = HashMap::new();
+        for kv in self.etcd.list(&self.key("replicas/"), DATASETS_MAX * MEMBERS_MAX)? {
+            let replica: ReplicaRecord = serde_json::from_slice(&kv.value).map_err(|e| record_error(&kv.key, e))?;
+            out.entry(replica.dataset.clone()).or_default().push(replica);
+        }
+        Ok(out)
+    }
+
+    /// This node's copies, by dataset name.
+    pub fn own_replicas(&self) -> Result<HashMap<String, ReplicaRecord>, CatalogError> {
+        let mut out = HashMap::new();
+        for kv in self.etcd.list(&self.key(&format!("replicas/{}/", self.node)), DATASETS_MAX)? {
+            let replica: ReplicaRecord = serde_json::from_slice(&kv.value).map_err(|e| record_error(&kv.key, e))?;
+            out.insert(replica.dataset.clone(), replica);
+        }
+        Ok(out)
+    }
+
+    /// Records this node's copy (the namespace it allocated, whether done).
+    pub fn put_replica(&self, replica: &ReplicaRecord) -> Result<(), CatalogError> {
+        debug_assert_eq!(replica.node, self.node);
+        let value = serde_json::to_vec(replica).map_err(|e| record_error(&replica.dataset, e))?;
+        self.etcd.put(&self.replica_key(&self.node, &replica.dataset), &value, None)?;
+        Ok(())
+    }
+
+    /// Forgets this node's copy of `name`.
+    pub fn remove_replica(&self, name: &str) -> Result<(), CatalogError> {
+        self.etcd.delete(&self.replica_key(&self.node, name))?;
+        Ok(())
+    }
+
+    /// The nodes alive now (their lease is renewed).
+    pub fn members(&self) -> Result<Vec<Member>, CatalogError> {
+        self.etcd
+            .list(&self.key("members/"), MEMBERS_MAX)?
+            .into_iter()
+            .map(|kv| serde_json::from_slice(&kv.value).map_err(|e| record_error(&kv.key, e)))
+            .collect()
+    }
+
+    /// Announces `member` under a lease of `ttl` and renews it from a
+    /// thread until the returned [`Membership`] drops; a lease that expired
+    /// anyway (etcd unreachable longer than `ttl`) is replaced.
+    pub fn join(&self, member: Member, ttl: Duration) -> Result<Membership, CatalogError> {
+        debug_assert_eq!(member.node, self.node);
+        let key = self.key(&format!("members/{}", member.node));
+        let value = serde_json::to_vec(&member).map_err(|e| record_error(&member.node, e))?;
+        let lease = self.etcd.grant_lease(ttl)?;
+        self.etcd.put(&key, &value, Some(lease))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let etcd = self.etcd.clone();
+        let thread_stop = Arc::clone(&stop);
+        let renew = std::thread::Builder::new()
+            .name("sluice-membership".into())
+            .spawn(move || {
+                let mut lease = lease;
+                let period = ttl / 3;
+                while !thread_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(period);
+                    match etcd.keep_alive(lease) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!("membership lease expired; joining again");
+                            let joined =
+                                etcd.grant_lease(ttl).and_then(|l| etcd.put(&key, &value, Some(l)).map(|()| l));
+                            match joined {
+                                Ok(new_lease) => lease = new_lease,
+                                Err(err) => tracing::warn!("rejoining the cluster: {err}"),
+                            }
+                        }
+                        Err(err) => tracing::warn!("renewing the membership lease: {err}"),
+                    }
+                }
+                if let Err(err) = etcd.revoke_lease(lease) {
+                    tracing::warn!("leaving the cluster: {err}");
+                }
+            })
+            .map_err(|e| CatalogError::Contended(format!("starting the membership thread: {e}")))?;
+        Ok(Membership { stop, renew: Some(renew) })
+    }
+}
+
+/// The namespace of a dataset this node holds no copy of.
+pub fn remote_namespace() -> NamespaceRecord {
+    NamespaceRecord {
+        kind: REMOTE_KIND.into(),
+        path: String::new(),
+        base_offset_bytes: 0,
+        reason: "held by other nodes of the cluster".into(),
+        attached: None,
+    }
+}
+
+/// This node's membership; leaves the cluster (revokes the lease) on drop.
+pub struct Membership {
+    stop: Arc<AtomicBool>,
+    renew: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(renew) = self.renew.take() {
+            let _ = renew.join();
+        }
+    }
+}
+
+impl CatalogStore for EtcdCatalog {
+    fn create(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        now_unix_ms: u64,
+        namespace: &mut dyn FnMut(u64) -> NamespaceRecord,
+    ) -> Result<DatasetRecord, CatalogError> {
+        if !valid_name(name) {
+            return Err(CatalogError::BadName(name.to_string()));
+        }
+        let key = self.dataset_key(name);
+        if self.etcd.get(&key)?.is_some() {
+            return Err(CatalogError::Exists(name.to_string()));
+        }
+        if self.count("datasets/", DATASETS_MAX)? >= DATASETS_MAX {
+            return Err(CatalogError::Full);
+        }
+        let id = self.next_id("meta/next_dataset_id")?;
+        let record = new_record(id, name, kind, now_unix_ms, namespace(id));
+        let replica = ReplicaRecord {
+            node: self.node.clone(),
+            dataset: name.to_string(),
+            dataset_id: id,
+            namespace: record.namespace.clone(),
+            ready: false,
+        };
+        let ops = [
+            Op::Put {
+                key: key.clone(),
+                value: serde_json::to_vec(&Self::shared(&record)).map_err(|e| record_error(name, e))?,
+            },
+            Op::Put {
+                key: self.replica_key(&self.node, name),
+                value: serde_json::to_vec(&replica).map_err(|e| record_error(name, e))?,
+            },
+        ];
+        if !self.etcd.txn(&[Compare::Absent(key)], &ops)? {
+            // Another node created it between the check and now; the
+            // namespace just allocated is released as an orphan.
+            return Err(CatalogError::Exists(name.to_string()));
+        }
+        Ok(record)
+    }
+
+    fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError> {
+        let Some(kv) = self.etcd.get(&self.dataset_key(name))? else { return Ok(None) };
+        let mut record = Self::decode_record(name, &kv.value)?;
+        if let Some(own) = self.etcd.get(&self.replica_key(&self.node, name))? {
+            let replica: ReplicaRecord = serde_json::from_slice(&own.value).map_err(|e| record_error(name, e))?;
+            if replica.dataset_id == record.id {
+                record.namespace = replica.namespace;
+            }
+        }
+        Ok(Some(record))
+    }
+
+    fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError> {
+        let own = self.own_replicas()?;
+        let mut out = Vec::new();
+        for kv in self.etcd.list(&self.key("datasets/"), DATASETS_MAX)? {
+            let mut record = Self::decode_record(&kv.key, &kv.value)?;
+            if let Some(replica) = own.get(&record.name).filter(|r| r.dataset_id == record.id) {
+                record.namespace = replica.namespace.clone();
+            }
+            out.push(record);
+        }
+        Ok(out)
+    }
+
+    fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError> {
+        let key = self.dataset_key(&record.name);
+        let Some(old) = self.etcd.get(&key)? else { return Err(CatalogError::Unknown(record.name.clone())) };
+        let previous = Self::decode_record(&record.name, &old.value)?;
+        let mut ops = vec![Op::Put {
+            key: key.clone(),
+            value: serde_json::to_vec(&Self::shared(record)).map_err(|e| record_error(&record.name, e))?,
+        }];
+        if record.namespace.kind != REMOTE_KIND {
+            let replica = ReplicaRecord {
+                node: self.node.clone(),
+                dataset: record.name.clone(),
+                dataset_id: record.id,
+                namespace: record.namespace.clone(),
+                ready: record.state == crate::catalog::DatasetState::Sealed,
+            };
+            ops.push(Op::Put {
+                key: self.replica_key(&self.node, &record.name),
+                value: serde_json::to_vec(&replica).map_err(|e| record_error(&record.name, e))?,
+            });
+        }
+        if let Some(crcs) = chunk_crcs {
+            // Appends change only the old tail chunk's checksum and those
+            // after it: rewrite the pages from there.
+            let first_page = (previous.length_bytes / previous.chunk_size_bytes.max(1)) as usize / CRCS_PER_PAGE;
+            for (page, piece) in crcs.chunks(CRCS_PER_PAGE).enumerate().skip(first_page) {
+                ops.push(Op::Put {
+                    key: format!("{}{page:08x}", self.crcs_prefix(record.id)),
+                    value: crcs_to_bytes(piece),
+                });
+            }
+        }
+        if self.etcd.txn(&[Compare::ModRevision(key, old.mod_revision)], &ops)? {
+            Ok(())
+        } else {
+            Err(CatalogError::Contended(format!("{} changed on another node during this update", record.name)))
+        }
+    }
+
+    fn chunk_crcs(&self, id: u64) -> Result<Vec<u32>, CatalogError> {
+        let pages = self.etcd.list(&self.crcs_prefix(id), usize::MAX >> 1)?;
+        Ok(pages.iter().flat_map(|kv| crcs_from_bytes(&kv.value)).collect())
+    }
+
+    fn remove(&self, record: &DatasetRecord) -> Result<(), CatalogError> {
+        let ops = [
+            Op::Delete(self.dataset_key(&record.name)),
+            Op::Delete(self.replica_key(&self.node, &record.name)),
+            Op::DeletePrefix(self.crcs_prefix(record.id)),
+        ];
+        self.etcd.txn(&[], &ops)?;
+        Ok(())
+    }
+
+    fn add_grant(&self, make: &mut dyn FnMut(u64) -> GrantRecord) -> Result<GrantRecord, CatalogError> {
+        if self.count("grants/", GRANTS_MAX)? >= GRANTS_MAX {
+            return Err(CatalogError::GrantsFull);
+        }
+        let id = self.next_id("meta/next_grant_id")?;
+        let grant = make(id);
+        debug_assert_eq!(grant.id, id);
+        let value = serde_json::to_vec(&grant).map_err(|source| CatalogError::GrantRecord { id, source })?;
+        self.etcd.put(&self.grant_key(id), &value, None)?;
+        Ok(grant)
+    }
+
+    fn remove_grant(&self, id: u64) -> Result<bool, CatalogError> {
+        Ok(self.etcd.delete(&self.grant_key(id))?)
+    }
+
+    fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError> {
+        self.etcd
+            .list(&self.key("grants/"), GRANTS_MAX)?
+            .into_iter()
+            .map(|kv| {
+                let id = u64::from_str_radix(kv.key.rsplit('/').next().unwrap_or(""), 16).unwrap_or(0);
+                serde_json::from_slice(&kv.value).map_err(|source| CatalogError::GrantRecord { id, source })
+            })
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd {} under {} as node {}", self.etcd.endpoint(), self.prefix, self.node)
+    }
+}

@@ -1,0 +1,382 @@
+//! A node's part in a cluster: where new datasets are placed, which copies
+//! this node must make, writing and verifying a copy, and dropping copies
+//! of datasets deleted elsewhere.
+//!
+//! Datasets are ingested and sealed on the node that created them; the
+//! other nodes of their placement copy the sealed bytes from a live node
+//! holding them, over the data plane like any client, verifying every
+//! chunk against the catalog's checksums and the whole against the content
+//! hash before they announce their copy ready. Sealed datasets never
+//! change, so a copy is complete or absent, never stale.
+
+use std::time::Duration;
+
+use super::*;
+use crate::cluster::{Member, ReplicaRecord};
+
+/// Where a node keeps its catalog.
+#[derive(Clone, Debug, Default)]
+pub enum CatalogChoice {
+    /// A redb file in the data directory: a single node.
+    #[default]
+    Local,
+    /// etcd, shared by every node started with the same endpoint and prefix.
+    Etcd { endpoint: String, prefix: String, node: String, replicas: usize },
+}
+
+/// One copy as the cluster sees it.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CopyStatus {
+    pub node: String,
+    pub ready: bool,
+    /// The node holding it is a live member.
+    pub live: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DatasetPlacement {
+    pub name: String,
+    pub state: DatasetState,
+    pub placement: Vec<String>,
+    pub copies: Vec<CopyStatus>,
+}
+
+/// `GET /v1/cluster`: the members and where every dataset is.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterStatus {
+    /// This node's id; empty on a single node.
+    pub node: String,
+    pub catalog: String,
+    pub replication: usize,
+    pub members: Vec<Member>,
+    pub datasets: Vec<DatasetPlacement>,
+}
+
+/// A copy this node is placed to hold and does not have yet.
+#[derive(Clone, Debug)]
+pub struct ReplicaJob {
+    pub name: String,
+    pub dataset_id: u64,
+    /// Control endpoints of live nodes holding a complete copy.
+    pub sources: Vec<String>,
+}
+
+/// A copy being written: sequential pieces, each chunk checked as it lands.
+pub struct ReplicaTarget<'a> {
+    control: &'a ControlPlane,
+    _guard: BusyGuard<'a>,
+    record: DatasetRecord,
+    ns: Arc<dyn Namespace>,
+    crcs: Vec<u32>,
+    hasher: blake3::Hasher,
+    written_bytes: u64,
+}
+
+impl ReplicaTarget<'_> {
+    pub fn record(&self) -> &DatasetRecord {
+        &self.record
+    }
+
+    /// Bytes written and verified so far.
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes
+    }
+
+    /// Appends the next `bytes` of the dataset: whole chunks, or the tail.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), ControlError> {
+        let chunk = self.record.chunk_size_bytes;
+        let end = self.written_bytes + bytes.len() as u64;
+        if end > self.record.length_bytes
+            || (!(bytes.len() as u64).is_multiple_of(chunk) && end != self.record.length_bytes)
+        {
+            return Err(ControlError::Cluster(format!(
+                "copy of {}: a piece of {} bytes at {} is not whole chunks within its {} bytes",
+                self.record.name,
+                bytes.len(),
+                self.written_bytes,
+                self.record.length_bytes
+            )));
+        }
+        for (i, piece) in bytes.chunks(chunk as usize).enumerate() {
+            let index = self.written_bytes / chunk + i as u64;
+            if self.crcs.get(index as usize) != Some(&crc32c::crc32c(piece)) {
+                return Err(ControlError::Corrupt { name: self.record.name.clone(), chunk: index });
+            }
+        }
+        self.ns
+            .write_at(self.record.namespace.base_offset_bytes + self.written_bytes, bytes)
+            .map_err(|e| self.control.ns_error(&self.record, e))?;
+        self.hasher.update(bytes);
+        self.written_bytes = end;
+        Ok(())
+    }
+
+    /// Writes the sample index of a `records` or `wds` dataset.
+    pub fn write_index(&self, entries: &[(u64, u64)]) -> Result<(), ControlError> {
+        if entries.len() as u64 != self.record.record_count {
+            return Err(ControlError::Cluster(format!(
+                "copy of {}: the index has {} entries, the catalog {}",
+                self.record.name,
+                entries.len(),
+                self.record.record_count
+            )));
+        }
+        self.control.index_file(&self.record)?.append(0, entries).map_err(|e| self.control.ns_error(&self.record, e))
+    }
+
+    /// Checks the content hash, makes the copy durable and announces it.
+    pub fn finish(self) -> Result<(), ControlError> {
+        let hash = format!("blake3:{}", self.hasher.finalize().to_hex());
+        if self.written_bytes != self.record.length_bytes || Some(&hash) != self.record.content_hash.as_ref() {
+            return Err(ControlError::Cluster(format!(
+                "copy of {}: {} of {} bytes with hash {hash}, the catalog says {:?}",
+                self.record.name, self.written_bytes, self.record.length_bytes, self.record.content_hash
+            )));
+        }
+        self.ns
+            .truncate(self.record.namespace.base_offset_bytes + self.record.length_bytes)
+            .and_then(|()| self.ns.sync())
+            .map_err(|e| self.control.ns_error(&self.record, e))?;
+        let cluster = self.control.cluster()?;
+        cluster.put_replica(&ReplicaRecord {
+            node: cluster.node().to_string(),
+            dataset: self.record.name.clone(),
+            dataset_id: self.record.id,
+            namespace: self.record.namespace.clone(),
+            ready: true,
+        })?;
+        tracing::info!(dataset = self.record.name, bytes = self.record.length_bytes, "copy complete and verified");
+        Ok(())
+    }
+}
+
+impl ControlPlane {
+    fn cluster(&self) -> Result<&EtcdCatalog, ControlError> {
+        self.cluster.as_deref().ok_or_else(|| ControlError::Cluster("this node is not in a cluster (no --etcd)".into()))
+    }
+
+    /// This node's id in its cluster, if it is in one.
+    pub fn node_id(&self) -> Option<&str> {
+        self.cluster.as_deref().map(EtcdCatalog::node)
+    }
+
+    /// Announces this node to the cluster and keeps it announced (a lease
+    /// of `ttl`) until [`ControlPlane::leave_cluster`] or exit; a node
+    /// killed drops out when its lease expires.
+    pub fn join_cluster(&self, control_endpoint: String, data_addr: String, ttl: Duration) -> Result<(), ControlError> {
+        let cluster = self.cluster()?;
+        let member =
+            Member { node: cluster.node().to_string(), control_endpoint, data_addr, started_unix_ms: now_unix_ms() };
+        let membership = cluster.join(member, ttl)?;
+        if let Ok(mut slot) = self.membership.lock() {
+            *slot = Some(membership);
+        }
+        Ok(())
+    }
+
+    /// Leaves the cluster now (revokes the lease) rather than at expiry.
+    pub fn leave_cluster(&self) {
+        let membership = self.membership.lock().ok().and_then(|mut m| m.take());
+        drop(membership);
+    }
+
+    /// The nodes a new dataset is placed on: this one (where it is
+    /// ingested) and the live members holding the fewest copies.
+    pub(super) fn place_replicas(&self) -> Vec<String> {
+        let Some(cluster) = self.cluster.as_deref() else { return Vec::new() };
+        let mut others: Vec<(usize, String)> = match (cluster.members(), cluster.replicas()) {
+            (Ok(members), Ok(replicas)) => members
+                .into_iter()
+                .filter(|m| m.node != cluster.node())
+                .map(|m| (replicas.values().flatten().filter(|r| r.node == m.node).count(), m.node))
+                .collect(),
+            (Err(err), _) | (_, Err(err)) => {
+                tracing::warn!("placing a dataset on this node only: {err}");
+                Vec::new()
+            }
+        };
+        others.sort();
+        std::iter::once(cluster.node().to_string())
+            .chain(others.into_iter().map(|(_, node)| node))
+            .take(self.replication)
+            .collect()
+    }
+
+    /// Whether this node serves `record`: always on a single node; in a
+    /// cluster, when its copy is complete.
+    pub(super) fn holds_ready_copy(&self, record: &DatasetRecord) -> Result<bool, ControlError> {
+        let Some(cluster) = self.cluster.as_deref() else { return Ok(true) };
+        Ok(cluster.own_replicas()?.get(&record.name).is_some_and(|r| r.ready && r.dataset_id == record.id))
+    }
+
+    /// Control endpoints of the live nodes with a complete copy of `name`,
+    /// this node first.
+    pub fn replica_endpoints(&self, name: &str) -> Vec<String> {
+        let Some(cluster) = self.cluster.as_deref() else { return Vec::new() };
+        let (Ok(members), Ok(replicas), Ok(Some(record))) =
+            (cluster.members(), cluster.replicas(), self.catalog.get(name))
+        else {
+            return Vec::new();
+        };
+        let mut ready: Vec<&Member> = members
+            .iter()
+            .filter(|m| {
+                replicas.get(name).is_some_and(|copies| {
+                    copies.iter().any(|r| r.node == m.node && r.ready && r.dataset_id == record.id)
+                })
+            })
+            .collect();
+        ready.sort_by_key(|m| (m.node != cluster.node(), m.node.clone()));
+        ready.into_iter().map(|m| m.control_endpoint.clone()).collect()
+    }
+
+    /// Reloads the grants from the shared catalog; sessions of grants gone
+    /// (revoked on another node) are closed.
+    pub fn refresh_grants(&self) {
+        let fresh = match self.catalog.grants() {
+            Ok(fresh) => fresh,
+            Err(err) => {
+                tracing::warn!("refreshing grants: {err}");
+                return;
+            }
+        };
+        let fresh: HashMap<String, GrantRecord> = fresh.into_iter().map(|g| (g.token_hash.clone(), g)).collect();
+        let Ok(mut map) = self.grants.write() else { return };
+        let revoked = map.keys().any(|hash| !fresh.contains_key(hash));
+        *map = fresh;
+        drop(map);
+        if revoked {
+            self.revocations.send_modify(|epoch| *epoch += 1);
+        }
+    }
+
+    /// The copies this node is placed to hold and lacks, with where to
+    /// copy each from.
+    pub fn replication_jobs(&self) -> Result<Vec<ReplicaJob>, ControlError> {
+        let cluster = self.cluster()?;
+        let members = cluster.members()?;
+        let replicas = cluster.replicas()?;
+        let mut jobs = Vec::new();
+        for record in self.catalog.list()? {
+            if record.state != DatasetState::Sealed || !record.placement.iter().any(|n| n == cluster.node()) {
+                continue;
+            }
+            let copies = replicas.get(&record.name).map(Vec::as_slice).unwrap_or_default();
+            let complete = |r: &&ReplicaRecord| r.ready && r.dataset_id == record.id;
+            if copies.iter().filter(complete).any(|r| r.node == cluster.node()) {
+                continue;
+            }
+            let sources = copies
+                .iter()
+                .filter(complete)
+                .filter_map(|r| members.iter().find(|m| m.node == r.node))
+                .map(|m| m.control_endpoint.clone())
+                .collect();
+            jobs.push(ReplicaJob { name: record.name, dataset_id: record.id, sources });
+        }
+        Ok(jobs)
+    }
+
+    /// Starts this node's copy of a job's dataset: a namespace for it
+    /// (the one an interrupted copy left, or a new one), announced as not
+    /// ready before a byte is written so a crash leaks nothing.
+    pub fn begin_replica(&self, job: &ReplicaJob) -> Result<ReplicaTarget<'_>, ControlError> {
+        let guard = self.busy(&job.name)?;
+        let cluster = self.cluster()?;
+        let mut record = self.catalog.require(&job.name)?;
+        if record.id != job.dataset_id || record.state != DatasetState::Sealed {
+            return Err(ControlError::Cluster(format!("{} changed since its copy was planned", job.name)));
+        }
+        if record.namespace.kind == REMOTE_KIND {
+            record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
+            cluster.put_replica(&ReplicaRecord {
+                node: cluster.node().to_string(),
+                dataset: record.name.clone(),
+                dataset_id: record.id,
+                namespace: record.namespace.clone(),
+                ready: false,
+            })?;
+        }
+        let ns = self.namespace(&record)?;
+        let crcs = self.catalog.chunk_crcs(record.id)?;
+        Ok(ReplicaTarget {
+            control: self,
+            _guard: guard,
+            record,
+            ns,
+            crcs,
+            hasher: blake3::Hasher::new(),
+            written_bytes: 0,
+        })
+    }
+
+    /// Drops this node's copies of datasets deleted (or re-created) on
+    /// other nodes: detaches them, releases their namespaces, forgets them.
+    pub async fn reap_replicas(&self) -> Result<usize, ControlError> {
+        let cluster = self.cluster()?;
+        let mut reaped = 0;
+        for (name, replica) in cluster.own_replicas()? {
+            let current = self.catalog.get(&name)?;
+            if current.as_ref().is_some_and(|r| r.id == replica.dataset_id) {
+                continue;
+            }
+            let Ok(_guard) = self.busy(&name) else { continue };
+            let attached = self.attached.lock().await.remove(&name);
+            if let Some(attached) = attached {
+                self.plane.detach(attached.slot).await;
+            }
+            let mut gone =
+                crate::catalog::new_record(replica.dataset_id, &name, DatasetKind::Bytes, 0, replica.namespace);
+            if gone.namespace.kind == "device" {
+                gone.length_bytes = block_device_bytes(Path::new(&gone.namespace.path));
+            }
+            self.remove_namespace(&gone);
+            cluster.remove_replica(&name)?;
+            tracing::info!(dataset = name, "dropped the copy of a dataset deleted elsewhere");
+            reaped += 1;
+        }
+        Ok(reaped)
+    }
+
+    /// The cluster's members and every dataset's copies.
+    pub fn cluster_status(&self) -> Result<ClusterStatus, ControlError> {
+        let Some(cluster) = self.cluster.as_deref() else {
+            return Ok(ClusterStatus {
+                node: String::new(),
+                catalog: self.catalog.describe(),
+                replication: 1,
+                members: Vec::new(),
+                datasets: Vec::new(),
+            });
+        };
+        let members = cluster.members()?;
+        let replicas = cluster.replicas()?;
+        let datasets = self
+            .catalog
+            .list()?
+            .into_iter()
+            .map(|record| {
+                let copies = replicas
+                    .get(&record.name)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|r| r.dataset_id == record.id)
+                    .map(|r| CopyStatus {
+                        node: r.node.clone(),
+                        ready: r.ready,
+                        live: members.iter().any(|m| m.node == r.node),
+                    })
+                    .collect();
+                DatasetPlacement { name: record.name, state: record.state, placement: record.placement, copies }
+            })
+            .collect();
+        Ok(ClusterStatus {
+            node: cluster.node().to_string(),
+            catalog: self.catalog.describe(),
+            replication: self.replication,
+            members,
+            datasets,
+        })
+    }
+}
