@@ -22,11 +22,12 @@ $SUDO apt-get update -q
 # (verbs peers), nvme-cli (namespace attach), procps.
 # The benchmark suite's peers: nbdkit (+ fio's nbd engine), nginx + wrk,
 # valgrind (callgrind instruction counts), a font for the plots.
+# etcd-server: the cluster catalog's tests start their own etcd on loopback.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
-    nbdkit nginx-light wrk valgrind fonts-dejavu-core
+    nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server
 
 echo "== toolchain"
 cargo --version
@@ -47,7 +48,8 @@ cargo clippy --workspace --all-targets --features rdma -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 
 echo "== tests"
-cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
+# The cluster tests fail rather than skip when etcd is missing here.
+SLUICE_ETCD_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.

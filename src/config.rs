@@ -173,4 +173,18 @@ mod tests {
         assert_eq!(config.credits, NodeConfig::default().credits);
         assert!(toml::from_str::<NodeConfig>("coress = 3").is_err());
     }
+
+    /// The configs shipped in deploy/ parse.
+    #[test]
+    fn deploy_configs_parse() {
+        for (name, text) in [
+            ("sluiced.toml", include_str!("../deploy/sluiced.toml")),
+            ("sluiced-cluster.toml", include_str!("../deploy/sluiced-cluster.toml")),
+        ] {
+            let config: NodeConfig = toml::from_str(text).unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+            assert_eq!(config.data_dir, PathBuf::from("/var/lib/sluice"), "deploy/{name}");
+        }
+        let cluster: NodeConfig = toml::from_str(include_str!("../deploy/sluiced-cluster.toml")).expect("parse");
+        assert_eq!((cluster.replicas, cluster.node_id.as_deref()), (2, Some("storage-01")));
+    }
 }

@@ -17,6 +17,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use sluice_client::blocking::Client;
 use sluice_client::{OpenOptions, RangeStatus, ReadRange};
+use sluice_control::catalog::{CatalogError, CatalogStore, DatasetState, NamespaceRecord};
+use sluice_control::cluster::{EtcdCatalog, REMOTE_KIND};
+use sluice_control::grants::GrantRecord;
+use sluice_control::{Catalog, DatasetKind};
 
 /// An etcd server on loopback ports, killed when dropped.
 struct EtcdServer {
@@ -144,6 +148,8 @@ fn three_nodes_two_copies_survive_a_node_killed_mid_read() {
             .expect("grant json");
     let token = grant["token"].as_str().expect("token").to_string();
     let options = || OpenOptions { token: Some(token.clone()), ..OpenOptions::default() };
+    let text = nodes[spare].ctl_ok(&["cluster"]);
+    assert!(text.contains("corpus") && text.contains("n1:ready"), "{text}");
     let err = Client::connect(&nodes[spare].endpoint)
         .expect("connect")
         .open_with("corpus", options())
@@ -237,4 +243,91 @@ fn three_nodes_two_copies_survive_a_node_killed_mid_read() {
     let out = nodes[0].ctl(&["dataset", "stat", "corpus"]);
     assert!(!out.status.success(), "the dataset is gone on every node");
     drop(etcd);
+}
+
+fn file_namespace(id: u64) -> NamespaceRecord {
+    NamespaceRecord {
+        kind: "file".into(),
+        path: format!("ns/{id}"),
+        base_offset_bytes: 0,
+        reason: "test".into(),
+        attached: None,
+    }
+}
+
+fn grant(id: u64) -> GrantRecord {
+    GrantRecord {
+        id,
+        client: "job".into(),
+        dataset: "a".into(),
+        dataset_id: 1,
+        token_hash: format!("hash-{id}"),
+        created_unix_ms: 0,
+    }
+}
+
+/// One sequence of catalog operations, with the answers every store must
+/// give: the trait's contract.
+fn exercise(store: &dyn CatalogStore) {
+    let mut a = store.create("a", DatasetKind::TokensU16, 1, &mut file_namespace).expect("create a");
+    assert_eq!((a.state, a.length_bytes, a.namespace.path.clone()), (DatasetState::Creating, 0, format!("ns/{}", a.id)));
+    assert!(matches!(store.create("a", DatasetKind::Bytes, 2, &mut file_namespace), Err(CatalogError::Exists(_))));
+    assert!(matches!(store.create("../x", DatasetKind::Bytes, 2, &mut file_namespace), Err(CatalogError::BadName(_))));
+    // Checksums over more than one etcd page, then an append that changes
+    // the old tail's and adds more.
+    let mut crcs: Vec<u32> = (0..40_000u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    a.state = DatasetState::Ingesting;
+    a.length_bytes = 40_000 * 65_536 - 10;
+    store.update(&a, Some(&crcs)).expect("update a");
+    assert_eq!(store.chunk_crcs(a.id).expect("crcs"), crcs);
+    crcs[39_999] = 7;
+    crcs.extend(0..30_000u32);
+    a.length_bytes = 70_000 * 65_536;
+    a.state = DatasetState::Sealed;
+    store.update(&a, Some(&crcs)).expect("append to a");
+    assert_eq!(store.chunk_crcs(a.id).expect("crcs"), crcs);
+    assert_eq!(store.require("a").expect("a"), a);
+    let b = store.create("b", DatasetKind::Bytes, 3, &mut file_namespace).expect("create b");
+    assert_eq!(store.list().expect("list").len(), 2);
+    assert!(store.get("nope").expect("get").is_none());
+    assert!(matches!(store.require("nope"), Err(CatalogError::Unknown(_))));
+    let mut ghost = b.clone();
+    ghost.name = "ghost".into();
+    assert!(matches!(store.update(&ghost, None), Err(CatalogError::Unknown(_))));
+
+    let first = store.add_grant(&mut grant).expect("grant");
+    let second = store.add_grant(&mut grant).expect("grant");
+    assert!(second.id > first.id, "grant ids grow");
+    assert_eq!(store.grants().expect("grants").len(), 2);
+    assert!(store.remove_grant(first.id).expect("revoke"));
+    assert!(!store.remove_grant(first.id).expect("revoke again"), "a grant goes once");
+    assert_eq!(store.grants().expect("grants"), vec![second]);
+
+    store.remove(&a).expect("remove a");
+    assert!(store.get("a").expect("get").is_none());
+    assert!(store.chunk_crcs(a.id).expect("crcs").is_empty(), "checksums go with the dataset");
+    let c = store.create("a", DatasetKind::Bytes, 4, &mut file_namespace).expect("create a again");
+    assert!(c.id > b.id, "ids are not reused");
+}
+
+/// The embedded redb store and the etcd store keep the same contract; in
+/// etcd a dataset's namespace is per node, so another node sees none.
+#[test]
+fn both_catalog_stores_keep_one_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(etcd) = start_etcd(dir.path()) else { return };
+    let redb = Catalog::open(&dir.path().join("catalog.redb")).expect("redb");
+    let n1 = EtcdCatalog::connect(&etcd.endpoint, "/contract", "n1").expect("etcd as n1");
+    for store in [&redb as &dyn CatalogStore, &n1] {
+        exercise(store);
+    }
+    let n2 = EtcdCatalog::connect(&etcd.endpoint, "/contract", "n2").expect("etcd as n2");
+    let seen = n2.require("b").expect("n2 sees b");
+    assert_eq!(seen.namespace.kind, REMOTE_KIND, "n1's namespace is n1's alone");
+    assert_eq!(n2.list().expect("list").len(), 2);
+    assert!(n2.describe().contains("node n2"), "{}", n2.describe());
+
+    let err = EtcdCatalog::connect("http://127.0.0.1:1", "/x", "n1").err().expect("no etcd there").to_string();
+    assert!(err.contains("etcd at http://127.0.0.1:1"), "{err}");
+    assert!(EtcdCatalog::connect(&etcd.endpoint, "/x", "bad id").is_err(), "node ids are checked");
 }

@@ -10,7 +10,8 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SLCE");
-pub const PROTOCOL_VERSION: u8 = 1;
+/// 2: `Opened` lists the nodes holding a copy (cluster failover).
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Most ranges in one wire batch; clients split larger batches.
 pub const RANGES_PER_BATCH_MAX: u32 = 4096;

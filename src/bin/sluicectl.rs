@@ -53,6 +53,9 @@ enum Command {
     /// Each dataset's namespace: kind, path, offset, length and why there.
     #[command(subcommand)]
     Namespaces(ListCommand),
+    /// The cluster (nodes sharing a catalog in etcd): live members and each
+    /// dataset's placement and copies.
+    Cluster,
     /// Read one byte range of a sealed dataset to stdout or a file.
     Read {
         name: String,
@@ -237,6 +240,7 @@ fn run(cli: &Cli) -> Result<()> {
         Command::Policy(command) => policy(&api, cli.json, command),
         Command::Devices(ListCommand::Ls) => devices(&api, cli.json),
         Command::Namespaces(ListCommand::Ls) => namespaces(&api, cli.json),
+        Command::Cluster => cluster(&api, cli.json),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
         Command::Scrub { name } => scrub(&api, name, cli.json),
         Command::Top { once, interval } => top(&api, *once, *interval, cli.json),
@@ -324,6 +328,33 @@ fn devices(api: &Api, json: bool) -> Result<()> {
             d.used_bytes,
             if d.datasets.is_empty() { "-".to_string() } else { d.datasets.join(",") }
         );
+    }
+    Ok(())
+}
+
+fn cluster(api: &Api, json: bool) -> Result<()> {
+    let status: sluice_control::ClusterStatus = api.get_json("/v1/cluster")?;
+    if json {
+        println!("{}", serde_json::to_string(&status).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    if status.node.is_empty() {
+        println!("a single node (catalog: {}); start nodes with --etcd to form a cluster", status.catalog);
+        return Ok(());
+    }
+    println!("node {} ; catalog {} ; {} copies per dataset", status.node, status.catalog, status.replication);
+    println!("{:<20} {:<32} {}", "MEMBER", "CONTROL", "DATA");
+    for m in &status.members {
+        println!("{:<20} {:<32} {}", m.node, m.control_endpoint, m.data_addr);
+    }
+    println!("{:<32} {:<10} {:<24} COPIES (node:ready/syncing, * = not live)", "DATASET", "STATE", "PLACEMENT");
+    for d in &status.datasets {
+        let copies: Vec<String> = d
+            .copies
+            .iter()
+            .map(|c| format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" }))
+            .collect();
+        println!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies.join(" "));
     }
     Ok(())
 }
