@@ -252,6 +252,7 @@ fn file_namespace(id: u64) -> NamespaceRecord {
         base_offset_bytes: 0,
         reason: "test".into(),
         attached: None,
+        created: false,
     }
 }
 
@@ -270,7 +271,10 @@ fn grant(id: u64) -> GrantRecord {
 /// give: the trait's contract.
 fn exercise(store: &dyn CatalogStore) {
     let mut a = store.create("a", DatasetKind::TokensU16, 1, &mut file_namespace).expect("create a");
-    assert_eq!((a.state, a.length_bytes, a.namespace.path.clone()), (DatasetState::Creating, 0, format!("ns/{}", a.id)));
+    assert_eq!(
+        (a.state, a.length_bytes, a.namespace.path.clone()),
+        (DatasetState::Creating, 0, format!("ns/{}", a.id))
+    );
     assert!(matches!(store.create("a", DatasetKind::Bytes, 2, &mut file_namespace), Err(CatalogError::Exists(_))));
     assert!(matches!(store.create("../x", DatasetKind::Bytes, 2, &mut file_namespace), Err(CatalogError::BadName(_))));
     // Checksums over more than one etcd page, then an append that changes

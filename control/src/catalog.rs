@@ -63,6 +63,10 @@ pub struct NamespaceRecord {
     /// controller's detached pool; delete detaches it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attached: Option<String>,
+    /// The allocator created this namespace (NVMe Namespace Management)
+    /// for the dataset; delete detaches and deletes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -371,6 +375,7 @@ mod tests {
             base_offset_bytes: 0,
             reason: "test".into(),
             attached: None,
+            created: false,
         }
     }
 

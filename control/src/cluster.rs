@@ -250,6 +250,7 @@ pub fn remote_namespace() -> NamespaceRecord {
         base_offset_bytes: 0,
         reason: "held by other nodes of the cluster".into(),
         attached: None,
+        created: false,
     }
 }
 

@@ -1,7 +1,8 @@
 //! NVMe admin commands through the kernel driver (`/dev/nvmeX` passthrough
-//! ioctls): what the namespace allocator needs to take a namespace from a
-//! controller's pool of detached ones and give it back. SPDK-owned
-//! controllers get the same calls through SPDK (not built yet).
+//! ioctls): what the namespace allocator needs to create a namespace of a
+//! dataset's size (Namespace Management) or take one from a controller's
+//! pool of detached ones, and to give it back. SPDK-owned controllers get
+//! the same calls through SPDK (not built yet).
 
 use std::fs::File;
 use std::io;
@@ -40,6 +41,14 @@ nix::ioctl_none!(nvme_rescan, b'N', 0x46);
 
 const OPCODE_IDENTIFY: u8 = 0x06;
 const OPCODE_NS_ATTACHMENT: u8 = 0x15;
+const OPCODE_NS_MANAGEMENT: u8 = 0x0d;
+const NS_MANAGEMENT_CREATE: u32 = 0;
+const NS_MANAGEMENT_DELETE: u32 = 1;
+/// Identify Controller OACS bit 3: Namespace Management and Attachment.
+const OACS_NS_MANAGEMENT: u16 = 1 << 3;
+/// The NSID that names every namespace (Identify: common capabilities).
+const NSID_ALL: u32 = 0xffff_ffff;
+const CNS_NAMESPACE: u32 = 0x00;
 const CNS_CONTROLLER: u32 = 0x01;
 const CNS_ACTIVE_NSIDS: u32 = 0x02;
 const CNS_ALLOCATED_NSIDS: u32 = 0x10;
@@ -63,7 +72,9 @@ impl Controller {
         &self.path
     }
 
-    fn admin(&self, cmd: &mut PassthruCmd, page: &mut [u8; PAGE_BYTES]) -> io::Result<()> {
+    /// Runs an admin command with a one-page data buffer; its result
+    /// (completion dword 0).
+    fn admin(&self, cmd: &mut PassthruCmd, page: &mut [u8; PAGE_BYTES]) -> io::Result<u32> {
         cmd.addr = page.as_mut_ptr() as u64;
         cmd.data_len = PAGE_BYTES as u32;
         // SAFETY: `cmd` is a valid nvme_passthru_cmd whose data buffer
@@ -77,7 +88,7 @@ impl Controller {
                 cmd.opcode
             )));
         }
-        Ok(())
+        Ok(cmd.result)
     }
 
     fn identify(&self, cns: u32, nsid: u32) -> io::Result<Box<[u8; PAGE_BYTES]>> {
@@ -91,6 +102,48 @@ impl Controller {
     pub fn controller_id(&self) -> io::Result<u16> {
         let page = self.identify(CNS_CONTROLLER, 0)?;
         Ok(u16::from_le_bytes([page[78], page[79]]))
+    }
+
+    /// Whether the controller supports Namespace Management (OACS bit 3).
+    /// Some advertise it and still refuse create: callers fall back.
+    pub fn manages_namespaces(&self) -> io::Result<bool> {
+        let page = self.identify(CNS_CONTROLLER, 0)?;
+        Ok(u16::from_le_bytes([page[256], page[257]]) & OACS_NS_MANAGEMENT != 0)
+    }
+
+    /// Creates a namespace of at least `bytes` in LBA format 0, private to
+    /// the subsystem's controllers (not shared): its NSID. It starts
+    /// detached.
+    pub fn create_namespace(&self, bytes: u64) -> io::Result<u32> {
+        // Format 0's block size from the common namespace capabilities;
+        // 512 B when the controller does not report them.
+        let block_bytes = match self.identify(CNS_NAMESPACE, NSID_ALL) {
+            Ok(page) => match page[128 + 2] {
+                lbads @ 9..=16 => 1u64 << lbads,
+                _ => 512,
+            },
+            Err(_) => 512,
+        };
+        let blocks = bytes.max(1).div_ceil(block_bytes);
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        page[0..8].copy_from_slice(&blocks.to_le_bytes()); // NSZE
+        page[8..16].copy_from_slice(&blocks.to_le_bytes()); // NCAP
+        let mut cmd =
+            PassthruCmd { opcode: OPCODE_NS_MANAGEMENT, cdw10: NS_MANAGEMENT_CREATE, ..PassthruCmd::default() };
+        let nsid = self.admin(&mut cmd, &mut page)?;
+        if nsid == 0 || nsid == NSID_ALL {
+            return Err(io::Error::other(format!("{}: namespace create returned NSID {nsid:#x}", self.path.display())));
+        }
+        Ok(nsid)
+    }
+
+    /// Deletes a (detached) namespace; its capacity returns to the
+    /// controller's unallocated pool.
+    pub fn delete_namespace(&self, nsid: u32) -> io::Result<()> {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        let mut cmd =
+            PassthruCmd { opcode: OPCODE_NS_MANAGEMENT, nsid, cdw10: NS_MANAGEMENT_DELETE, ..PassthruCmd::default() };
+        self.admin(&mut cmd, &mut page).map(drop)
     }
 
     fn nsid_list(&self, cns: u32) -> io::Result<Vec<u32>> {

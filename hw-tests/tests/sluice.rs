@@ -110,7 +110,11 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
 /// With `--nvme-controller`, each new dataset gets a namespace attached
 /// from the controller's detached pool through NVMe admin commands; delete
 /// detaches it again; when the pool is empty, or no namespace holds the
-/// size asked, a dataset gets a file.
+/// size asked, a dataset gets a file. With a size, the allocator first asks
+/// the controller to create a namespace of that size: QEMU's controller
+/// advertises Namespace Management and refuses create, and the refusal
+/// (with its NVMe status) is in the reason of the namespace it took
+/// instead.
 #[test]
 fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     let Some(rig) =
@@ -199,11 +203,14 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     assert_eq!(huge["namespace"]["kind"], "file", "{huge}");
     let reason = huge["namespace"]["reason"].as_str().unwrap_or("");
     assert!(reason.contains(&format!("holds {} bytes", 128u64 << 20)), "{huge}");
+    assert!(reason.contains("namespace create refused") && reason.contains("NVMe status"), "{huge}");
     assert_eq!(attached(&rig), [1, 3], "namespace 2 still detached");
     ctl("dataset create fourth --kind bytes --size 1000000").expect("create fourth");
     let fourth = stat("fourth");
     assert_eq!(fourth["namespace"]["attached"], format!("/dev/{}:2", controller.name), "reused: {fourth}");
     let reason = fourth["namespace"]["reason"].as_str().unwrap_or("");
     assert!(reason.contains(&format!("{} bytes", 64u64 << 20)) && reason.contains("1000000 bytes asked"), "{fourth}");
+    assert!(reason.contains("namespace create refused"), "create was tried first: {fourth}");
+    assert_eq!(fourth["namespace"].get("created"), None, "a pool namespace is not deleted on release: {fourth}");
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }

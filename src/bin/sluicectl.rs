@@ -352,7 +352,9 @@ fn cluster(api: &Api, json: bool) -> Result<()> {
         let copies: Vec<String> = d
             .copies
             .iter()
-            .map(|c| format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" }))
+            .map(|c| {
+                format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" })
+            })
             .collect();
         println!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies.join(" "));
     }

@@ -423,6 +423,7 @@ impl ControlPlane {
             base_offset_bytes: 0,
             reason,
             attached: None,
+            created: false,
         };
         match self.driver.kind() {
             DriverKind::Mem => {
@@ -432,6 +433,7 @@ impl ControlPlane {
                     base_offset_bytes: 0,
                     reason: "memory driver: a namespace in RAM, gone at restart".into(),
                     attached: None,
+                    created: false,
                 }
             }
             DriverKind::Uring if self.namespace_devices.is_empty() && self.nvme_controllers.is_empty() => {
@@ -465,6 +467,7 @@ impl ControlPlane {
                     hint_words(size_hint),
                 ),
                 attached: None,
+                created: false,
             };
         }
         let mut why_not = Vec::new();
@@ -485,10 +488,24 @@ impl ControlPlane {
         ))
     }
 
-    /// Attaches a detached namespace of the controller at `path`: the
-    /// smallest that holds `size_hint`, or the first without one.
+    /// A namespace of the controller at `path` for a new dataset. With a
+    /// size: a namespace of exactly that size, created through Namespace
+    /// Management where the controller allows it. Otherwise, or when the
+    /// controller refuses create: a detached namespace of its pool, the
+    /// smallest that holds the size, or the first without one.
     fn attach_from(&self, path: &Path, size_hint: Option<u64>) -> Result<NamespaceRecord, String> {
         let controller = crate::nvme::Controller::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut create_refused = String::new();
+        if let Some(bytes) = size_hint {
+            match controller.manages_namespaces() {
+                Ok(true) => match self.create_on(&controller, bytes) {
+                    Ok(record) => return Ok(record),
+                    Err(err) => create_refused = format!("; namespace create refused ({err})"),
+                },
+                Ok(false) => create_refused = "; the controller has no namespace management".into(),
+                Err(err) => create_refused = format!("; namespace management unknown ({err})"),
+            }
+        }
         let detached: Vec<(u32, u64)> = controller
             .namespaces()
             .map_err(|e| e.to_string())?
@@ -497,10 +514,14 @@ impl ControlPlane {
             .map(|ns| (ns.nsid, ns.capacity_bytes))
             .collect();
         if detached.is_empty() {
-            return Err(format!("{} has no detached namespace", path.display()));
+            return Err(format!("{} has no detached namespace{create_refused}", path.display()));
         }
         let (nsid, capacity_bytes) = best_fit(&detached, size_hint).ok_or_else(|| {
-            format!("no detached namespace of {} holds {} bytes", path.display(), size_hint.unwrap_or(0))
+            format!(
+                "no detached namespace of {} holds {} bytes{create_refused}",
+                path.display(),
+                size_hint.unwrap_or(0)
+            )
         })?;
         let device = controller.attach(nsid).map_err(|e| e.to_string())?;
         tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
@@ -509,12 +530,42 @@ impl ControlPlane {
             path: device.display().to_string(),
             base_offset_bytes: 0,
             reason: format!(
-                "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{})",
+                "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
                 path.display(),
                 detached.len(),
                 hint_words(size_hint),
             ),
             attached: Some(crate::nvme::attachment_label(path, nsid)),
+            created: false,
+        })
+    }
+
+    /// Creates a namespace of `bytes` on `controller` and attaches it; a
+    /// namespace made but not attached is deleted again.
+    fn create_on(&self, controller: &crate::nvme::Controller, bytes: u64) -> Result<NamespaceRecord, String> {
+        let path = controller.path();
+        let nsid = controller.create_namespace(bytes).map_err(|e| e.to_string())?;
+        let device = match controller.attach(nsid) {
+            Ok(device) => device,
+            Err(err) => {
+                if let Err(cleanup) = controller.delete_namespace(nsid) {
+                    tracing::warn!("deleting namespace {nsid} of {} after a failed attach: {cleanup}", path.display());
+                }
+                return Err(err.to_string());
+            }
+        };
+        tracing::info!("created namespace {nsid} of {} ({bytes} bytes) as {}", path.display(), device.display());
+        Ok(NamespaceRecord {
+            kind: "device".into(),
+            path: device.display().to_string(),
+            base_offset_bytes: 0,
+            reason: format!(
+                "a whole NVMe namespace created for it: namespace {nsid} of {}, {} bytes asked",
+                path.display(),
+                bytes
+            ),
+            attached: Some(crate::nvme::attachment_label(path, nsid)),
+            created: true,
         })
     }
 
@@ -633,8 +684,18 @@ impl ControlPlane {
             record.namespace.attached.as_deref().and_then(crate::nvme::parse_attachment_label)
         {
             // Back to the controller's detached pool.
-            match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid)) {
-                Ok(()) => tracing::info!("detached namespace {nsid} of {}", controller.display()),
+            match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid).map(|()| c)) {
+                Ok(c) => {
+                    tracing::info!("detached namespace {nsid} of {}", controller.display());
+                    // One created for the dataset goes back to unallocated
+                    // capacity; one from the pool stays in the pool.
+                    if record.namespace.created {
+                        match c.delete_namespace(nsid) {
+                            Ok(()) => tracing::info!("deleted namespace {nsid} of {}", controller.display()),
+                            Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
+                        }
+                    }
+                }
                 Err(err) => tracing::warn!("detaching namespace {nsid} of {}: {err}", controller.display()),
             }
         }
