@@ -343,7 +343,7 @@ fn cluster(api: &Api, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("node {} ; catalog {} ; {} copies per dataset", status.node, status.catalog, status.replication);
-    println!("{:<20} {:<32} {}", "MEMBER", "CONTROL", "DATA");
+    println!("{:<20} {:<32} DATA", "MEMBER", "CONTROL");
     for m in &status.members {
         println!("{:<20} {:<32} {}", m.node, m.control_endpoint, m.data_addr);
     }
