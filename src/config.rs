@@ -16,6 +16,9 @@ pub const DEFAULT_DATA_ADDR: &str = "127.0.0.1:7071";
 pub enum DriverChoice {
     Uring,
     Mem,
+    /// SPDK's user-space NVMe driver on the controllers in `nvme` (a build
+    /// with `--features spdk`).
+    Spdk,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -49,6 +52,10 @@ pub struct NodeConfig {
     /// attaches, one per dataset, once no namespace device is free; delete
     /// detaches them again.
     pub nvme_controllers: Vec<PathBuf>,
+    /// PCI addresses (`0000:00:05.0`) of the NVMe controllers the SPDK
+    /// driver owns (bound to vfio-pci); each dataset takes a whole
+    /// namespace of one.
+    pub nvme: Vec<String>,
     /// Data-plane cores; each owns a queue pair and a DMA arena.
     pub cores: usize,
     /// DMA slots (128 KiB each) per core.
@@ -124,6 +131,7 @@ impl Default for NodeConfig {
             io_mode: IoModeChoice::Direct,
             namespace_devices: Vec::new(),
             nvme_controllers: Vec::new(),
+            nvme: Vec::new(),
             cores,
             slots_per_core: 512,
             queue_depth: 256,

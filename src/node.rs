@@ -57,6 +57,19 @@ fn serve_rdma(
     match listener {}
 }
 
+#[cfg(feature = "spdk")]
+fn spdk_driver(nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
+    let driver = sluice_dataplane::driver::SpdkDriver::start(nvme).map_err(NodeError::Driver)?;
+    Ok(Arc::new(Arc::new(driver)))
+}
+
+#[cfg(not(feature = "spdk"))]
+fn spdk_driver(_nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
+    Err(NodeError::Driver(sluice_dataplane::driver::DriverError::Spdk(
+        "this build has no SPDK driver: build with `--features spdk` against an SPDK install pkg-config finds".into(),
+    )))
+}
+
 /// A running node.
 pub struct Node {
     pub control_addr: SocketAddr,
@@ -79,6 +92,8 @@ pub enum NodeError {
     },
     #[error("starting the data plane: {0}")]
     DataPlane(#[from] sluice_dataplane::engine::StartError),
+    #[error("starting the block driver: {0}")]
+    Driver(sluice_dataplane::driver::DriverError),
     #[error("opening the catalog: {0}")]
     Control(#[from] sluice_control::ControlError),
     #[error("RDMA transport on {addr}: {message}")]
@@ -103,6 +118,7 @@ impl Node {
                 IoModeChoice::Buffered => IoMode::Buffered,
             })),
             DriverChoice::Mem => Arc::new(MemDriver),
+            DriverChoice::Spdk => spdk_driver(&config.nvme)?,
         };
         let driver: Arc<dyn BlockDriver> = match &config.faults {
             Some(faults) => {
@@ -277,7 +293,7 @@ impl Node {
             let kernel_trace = match config.driver {
                 DriverChoice::Uring if config.ebpf_kernel_trace => Ok(()),
                 DriverChoice::Uring => Err("kernel-side tracing is off (--no-kernel-trace)"),
-                DriverChoice::Mem => Err("the node's driver is not io_uring"),
+                DriverChoice::Mem | DriverChoice::Spdk => Err("the node's driver is not io_uring"),
             };
             match attach_tracer(&control, kernel_trace) {
                 Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),

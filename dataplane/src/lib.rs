@@ -16,6 +16,8 @@ pub mod steer;
 
 pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 pub use dma::{Arena, SlotLease};
-pub use driver::{BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec};
+pub use driver::{
+    BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
+};
 pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError};
 pub use steer::{Flow, FlowLease, LaneDecisions};

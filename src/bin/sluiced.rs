@@ -28,9 +28,15 @@ struct Args {
     /// TOML file with any NodeConfig keys; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Block driver: uring (files and block devices) or mem.
-    #[arg(long, value_parser = ["uring", "mem"])]
+    /// Block driver: uring (files and block devices), mem, or spdk (SPDK's
+    /// user-space NVMe driver on the --nvme controllers; a build with
+    /// `--features spdk`).
+    #[arg(long, value_parser = ["uring", "mem", "spdk"])]
     driver: Option<String>,
+    /// PCI addresses of the NVMe controllers the spdk driver owns, bound to
+    /// vfio-pci (e.g. 0000:00:05.0,0000:00:06.0).
+    #[arg(long, value_name = "PCI,...", value_delimiter = ',')]
+    nvme: Vec<String>,
     /// direct (O_DIRECT) or buffered (page cache).
     #[arg(long, value_parser = ["direct", "buffered"])]
     io_mode: Option<String>,
@@ -140,6 +146,9 @@ fn main() -> ExitCode {
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;
     }
+    if !args.nvme.is_empty() {
+        config.nvme = args.nvme;
+    }
     if !args.nvme_controllers.is_empty() {
         config.nvme_controllers = args.nvme_controllers;
     }
@@ -149,6 +158,7 @@ fn main() -> ExitCode {
     match args.driver.as_deref() {
         Some("mem") => config.driver = DriverChoice::Mem,
         Some("uring") => config.driver = DriverChoice::Uring,
+        Some("spdk") => config.driver = DriverChoice::Spdk,
         _ => {}
     }
     match args.io_mode.as_deref() {

@@ -22,6 +22,7 @@ use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use crate::kind::DatasetKind;
 
 mod replication;
+mod user_space;
 
 pub use replication::{CatalogChoice, ClusterStatus, ReplicaJob, ReplicaTarget};
 
@@ -135,10 +136,10 @@ pub struct ControlPlane {
 /// A block device's size: where a seek to its end lands (0 if unreadable).
 /// The smallest candidate of at least `need` bytes (best fit), or the
 /// first candidate when nothing is asked.
-fn best_fit<T: Copy>(candidates: &[(T, u64)], need: Option<u64>) -> Option<(T, u64)> {
+fn best_fit<T: Clone>(candidates: &[(T, u64)], need: Option<u64>) -> Option<(T, u64)> {
     match need {
-        None => candidates.first().copied(),
-        Some(need) => candidates.iter().filter(|(_, capacity)| *capacity >= need).min_by_key(|(_, c)| *c).copied(),
+        None => candidates.first().cloned(),
+        Some(need) => candidates.iter().filter(|(_, capacity)| *capacity >= need).min_by_key(|(_, c)| *c).cloned(),
     }
 }
 
@@ -439,6 +440,10 @@ impl ControlPlane {
             DriverKind::Uring if self.namespace_devices.is_empty() && self.nvme_controllers.is_empty() => {
                 return file("no NVMe namespace configured: a file per dataset under the data directory".into())
             }
+            DriverKind::Spdk => match self.driver.nvme_admin() {
+                Some(admin) => return self.allocate_user_space(admin, size_hint),
+                None => return file("the SPDK driver offers no namespace management".into()),
+            },
             DriverKind::Uring => {}
         }
         let used: HashSet<String> = match self.catalog.list() {
@@ -577,6 +582,11 @@ impl ControlPlane {
         let spec = match record.namespace.kind.as_str() {
             "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
             "device" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false },
+            user_space::NVME_KIND => {
+                let (controller, nsid) = user_space::parse_nvme_path(&record.namespace.path)
+                    .ok_or_else(|| self.ns_error(record, "an nvme namespace path is PCI_ADDRESS/NSID"))?;
+                NamespaceSpec::Nvme { controller, nsid }
+            }
             "mem" => NamespaceSpec::Mem,
             other => return Err(self.ns_error(record, format!("unknown namespace kind {other}"))),
         };
@@ -667,10 +677,15 @@ impl ControlPlane {
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
         }
-        if record.namespace.kind == "device" {
+        if record.namespace.kind == "device" || record.namespace.kind == user_space::NVME_KIND {
             // The device goes back to the pool; tell it the bytes are free.
             let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
-            let spec = NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false };
+            let spec = match user_space::parse_nvme_path(&record.namespace.path) {
+                Some((controller, nsid)) if record.namespace.kind == user_space::NVME_KIND => {
+                    NamespaceSpec::Nvme { controller, nsid }
+                }
+                _ => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false },
+            };
             match self.driver.open_namespace(&spec) {
                 Ok(ns) => {
                     if let Err(err) = ns.discard(record.namespace.base_offset_bytes, used) {
@@ -680,7 +695,9 @@ impl ControlPlane {
                 Err(err) => tracing::warn!("releasing {}: {err}", record.namespace.path),
             }
         }
-        if let Some((controller, nsid)) =
+        if record.namespace.kind == user_space::NVME_KIND {
+            self.release_user_space(record);
+        } else if let Some((controller, nsid)) =
             record.namespace.attached.as_deref().and_then(crate::nvme::parse_attachment_label)
         {
             // Back to the controller's detached pool.
@@ -730,6 +747,10 @@ impl ControlPlane {
         }
         let mut record =
             self.catalog.create(name, kind, now_unix_ms(), &mut |id| self.allocate_namespace(id, size_hint))?;
+        if record.namespace.kind == user_space::UNPLACED_KIND {
+            self.catalog.remove(&record)?;
+            return Err(ControlError::Namespace { name: name.into(), message: record.namespace.reason });
+        }
         let placement = self.place_replicas();
         if record_size.is_some() || !placement.is_empty() {
             record.record_size_bytes = record_size;

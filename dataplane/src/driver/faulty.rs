@@ -56,6 +56,10 @@ impl BlockDriver for FaultyDriver {
         self.inner.open_namespace(spec)
     }
 
+    fn nvme_admin(&self) -> Option<&dyn super::NvmeAdmin> {
+        self.inner.nvme_admin()
+    }
+
     fn create_queue(&self, arena: &Arena, depth: u32) -> Result<Queue, DriverError> {
         let inner = self.inner.create_queue(arena, depth)?;
         Ok(Queue::Faulty(Box::new(FaultyQueue {

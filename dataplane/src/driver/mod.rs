@@ -8,6 +8,8 @@
 
 mod faulty;
 mod mem;
+#[cfg(feature = "spdk")]
+mod spdk;
 mod uring;
 
 use std::fmt;
@@ -17,6 +19,8 @@ use std::sync::Arc;
 
 pub use faulty::{FaultPlan, FaultyDriver, FaultyQueue};
 pub use mem::{MemDriver, MemQueue};
+#[cfg(feature = "spdk")]
+pub use spdk::{SpdkDriver, SpdkQueue, SpdkTarget};
 pub use uring::{UringDriver, UringQueue};
 
 use crate::dma::Arena;
@@ -28,6 +32,8 @@ pub enum DriverKind {
     Uring,
     /// Memory only; for tests and demos without a disk.
     Mem,
+    /// SPDK's user-space NVMe driver owns the controllers (feature `spdk`).
+    Spdk,
 }
 
 impl fmt::Display for DriverKind {
@@ -35,6 +41,7 @@ impl fmt::Display for DriverKind {
         f.write_str(match self {
             Self::Uring => "uring",
             Self::Mem => "mem",
+            Self::Spdk => "spdk",
         })
     }
 }
@@ -65,6 +72,9 @@ pub enum NamespaceSpec {
     File { path: PathBuf, create: bool },
     /// A fresh in-memory namespace.
     Mem,
+    /// Namespace `nsid` of the NVMe controller at PCI address `controller`,
+    /// owned by a user-space driver (SPDK).
+    Nvme { controller: String, nsid: u32 },
 }
 
 /// What a queue submits I/O to.
@@ -72,6 +82,8 @@ pub enum NamespaceSpec {
 pub enum IoTarget {
     Fd(std::os::fd::RawFd),
     Mem(Arc<mem::MemStore>),
+    #[cfg(feature = "spdk")]
+    Spdk(SpdkTarget),
 }
 
 /// Control-path access to a namespace: synchronous, for ingest and seal.
@@ -106,6 +118,8 @@ pub enum DriverError {
     RingSetup(#[source] io::Error),
     #[error("namespace {0:?} is not one this {1} driver can open")]
     WrongSpec(NamespaceSpec, DriverKind),
+    #[error("SPDK: {0}")]
+    Spdk(String),
 }
 
 /// A backend. Shared by all cores; each core asks it for its own queue.
@@ -114,6 +128,36 @@ pub trait BlockDriver: Send + Sync {
     fn open_namespace(&self, spec: &NamespaceSpec) -> Result<Arc<dyn Namespace>, DriverError>;
     /// A queue pair for one core, reading into `arena`.
     fn create_queue(&self, arena: &Arena, depth: u32) -> Result<Queue, DriverError>;
+    /// Namespace management on the controllers this driver owns itself
+    /// (SPDK); `None` where the kernel owns them (see `control::nvme`).
+    fn nvme_admin(&self) -> Option<&dyn NvmeAdmin> {
+        None
+    }
+}
+
+/// One namespace of a controller's subsystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvmeNamespace {
+    pub nsid: u32,
+    /// Attached to (active on) this controller.
+    pub attached: bool,
+    pub capacity_bytes: u64,
+}
+
+/// NVMe namespace management on controllers a user-space driver owns:
+/// what the control plane's allocator needs to give each dataset a
+/// namespace and take it back. Controllers are named by PCI address.
+pub trait NvmeAdmin: Send + Sync {
+    fn controllers(&self) -> Vec<String>;
+    /// Every namespace of the controller's subsystem it can attach.
+    fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>>;
+    fn attach(&self, controller: &str, nsid: u32) -> io::Result<()>;
+    fn detach(&self, controller: &str, nsid: u32) -> io::Result<()>;
+    /// Whether the controller advertises Namespace Management.
+    fn manages_namespaces(&self, controller: &str) -> io::Result<bool>;
+    /// Creates a detached namespace of at least `bytes`: its NSID.
+    fn create(&self, controller: &str, bytes: u64) -> io::Result<u32>;
+    fn delete(&self, controller: &str, nsid: u32) -> io::Result<()>;
 }
 
 /// A raw I/O completion: `result` is bytes moved, or a negative errno.
@@ -148,6 +192,8 @@ pub enum Queue {
     Uring(UringQueue),
     Mem(MemQueue),
     Faulty(Box<FaultyQueue>),
+    #[cfg(feature = "spdk")]
+    Spdk(SpdkQueue),
 }
 
 impl Queue {
@@ -158,6 +204,8 @@ impl Queue {
             Self::Uring(q) => q.register_namespace(index, target),
             Self::Mem(q) => q.register_namespace(index, target),
             Self::Faulty(q) => q.register_namespace(index, target),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.register_namespace(index, target),
         }
     }
 
@@ -166,6 +214,8 @@ impl Queue {
             Self::Uring(q) => q.unregister_namespace(index),
             Self::Mem(q) => q.unregister_namespace(index),
             Self::Faulty(q) => q.unregister_namespace(index),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.unregister_namespace(index),
         }
     }
 
@@ -183,6 +233,9 @@ impl Queue {
             Self::Mem(q) => unsafe { q.push_read(io) },
             // SAFETY: forwarded contract.
             Self::Faulty(q) => unsafe { q.push_read(io) },
+            // SAFETY: forwarded contract.
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => unsafe { q.push_read(io) },
         }
     }
 
@@ -192,6 +245,9 @@ impl Queue {
             Self::Uring(q) => q.flush(),
             Self::Mem(_) => Ok(()),
             Self::Faulty(q) => q.flush(),
+            // SPDK rings the doorbell at submission.
+            #[cfg(feature = "spdk")]
+            Self::Spdk(_) => Ok(()),
         }
     }
 
@@ -201,6 +257,8 @@ impl Queue {
             Self::Uring(q) => q.reap(out, max),
             Self::Mem(q) => q.reap(out, max),
             Self::Faulty(q) => q.reap(out, max),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.reap(out, max),
         }
     }
 
@@ -210,6 +268,8 @@ impl Queue {
             Self::Uring(q) => q.wait(),
             Self::Mem(_) => Ok(()),
             Self::Faulty(q) => q.wait(),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.wait(),
         }
     }
 
@@ -218,6 +278,8 @@ impl Queue {
             Self::Uring(q) => q.in_flight(),
             Self::Mem(q) => q.in_flight(),
             Self::Faulty(q) => q.in_flight(),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.in_flight(),
         }
     }
 
@@ -226,6 +288,8 @@ impl Queue {
             Self::Uring(q) => q.describe(),
             Self::Mem(_) => "mem".to_string(),
             Self::Faulty(q) => q.describe(),
+            #[cfg(feature = "spdk")]
+            Self::Spdk(q) => q.describe(),
         }
     }
 }
