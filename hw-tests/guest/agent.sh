@@ -24,6 +24,10 @@ if [ "$RIG_RDMA" = 1 ]; then
 fi
 if [ -n "$RIG_HUGEPAGES" ]; then
     echo "$RIG_HUGEPAGES" > /proc/sys/vm/nr_hugepages
+    # DPDK (SPDK's env) finds hugepages through a mounted hugetlbfs.
+    mkdir -p /dev/hugepages
+    grep -q " /dev/hugepages hugetlbfs" /proc/mounts || mount -t hugetlbfs nodev /dev/hugepages \
+        || echo "rig: hugetlbfs mount failed"
 fi
 mkdir -p "$dir/req" "$dir/run" "$dir/out"
 echo ready > "$dir/ready"

@@ -539,7 +539,12 @@ impl Rig {
     /// [`SLUICE_DATA_PORT`] and [`SLUICE_CONTROL_PORT`], and waits until its
     /// control API is up.
     pub fn start_sluiced(&self, addr: &str, args: &str) -> Result<(), RigError> {
-        let sluiced = self.sluice_binary("sluiced")?;
+        self.start_sluiced_binary(&self.sluice_binary("sluiced")?, addr, args)
+    }
+
+    /// As [`Rig::start_sluiced`], with a `sluiced` built some other way
+    /// (another feature set).
+    pub fn start_sluiced_binary(&self, sluiced: &str, addr: &str, args: &str) -> Result<(), RigError> {
         let (_, shared) = self.shared_dir();
         let scratch = self.scratch_dir(Host::Storage);
         self.sh(
