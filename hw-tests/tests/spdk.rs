@@ -3,7 +3,9 @@
 //! core, the DMA arena in hugepages registered with SPDK); datasets get
 //! whole namespaces through SPDK (an active one, else one attached from the
 //! detached pool after QEMU refuses namespace create), are read byte-exact
-//! from the training guest over TCP, and go back to the pool on delete.
+//! from the training guest over TCP and over RDMA (soft-RoCE: the node
+//! RDMA-WRITEs from the same hugepage arena SPDK reads into, registered
+//! with both), and go back to the pool on delete.
 //!
 //! Needs an SPDK install that pkg-config finds (PKG_CONFIG_PATH); without
 //! one it skips and says so (`SLUICE_SPDK_REQUIRE=1` makes that a failure).
@@ -15,6 +17,7 @@ use hw_tests::{require, Host, Rig, SLUICE_CONTROL_PORT as CONTROL_PORT};
 use rand::{Rng, SeedableRng};
 
 const DATASET_BYTES: usize = 6 << 20;
+const RDMA_PORT: u16 = 7473;
 
 /// `sluiced` and `sluicectl` built with `--features spdk`, or why not.
 fn spdk_binaries() -> Option<(String, String)> {
@@ -48,7 +51,15 @@ fn spdk_binaries() -> Option<(String, String)> {
 fn serves_datasets_from_a_controller_spdk_owns() {
     let Some((sluiced, sluicectl)) = spdk_binaries() else { return };
     let Some(rig) = require(
-        Rig::builder("spdk").hosts(2).nvme(1, 3).detached(1).namespace_mib(64).memory_mib(2048).hugepages(512).boot(),
+        Rig::builder("spdk")
+            .hosts(2)
+            .nvme(1, 3)
+            .detached(1)
+            .namespace_mib(64)
+            .memory_mib(2048)
+            .hugepages(512)
+            .rdma(true)
+            .boot(),
     ) else {
         return;
     };
@@ -76,7 +87,11 @@ fn serves_datasets_from_a_controller_spdk_owns() {
     let data_file = rig.share_file("spdk-data.bin", &data).expect("share the dataset");
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
-    if let Err(err) = rig.start_sluiced_binary(&sluiced, &storage, &format!("--insecure --driver spdk --nvme {pci}")) {
+    if let Err(err) = rig.start_sluiced_binary(
+        &sluiced,
+        &storage,
+        &format!("--insecure --driver spdk --nvme {pci} --rdma-listen {storage}:{RDMA_PORT}"),
+    ) {
         let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
         panic!("sluiced --driver spdk did not start: {err}\n{log}");
     }
@@ -106,6 +121,25 @@ fn serves_datasets_from_a_controller_spdk_owns() {
         let got = std::fs::read(shared_here.join(format!("spdk-read-{i}.bin"))).expect("read output");
         assert!(got == data[offset..offset + len], "read {i} ({offset}+{len}) differs from the dataset");
     }
+    // Over RDMA: the node writes each range from the arena SPDK read into.
+    let bench = ctl(
+        Host::Training,
+        &format!(
+            "--transport rdma --json bench read first --size 4096 --align 1 --batch 64 --inflight 2 --seconds 2 \
+             --verify {data_file}"
+        ),
+    )
+    .expect("bench read over RDMA");
+    let report: serde_json::Value = serde_json::from_str(bench.trim()).expect("bench json");
+    assert_eq!(report["transport"], "rdma", "{report}");
+    assert_eq!(
+        (report["failed_ranges"].as_u64(), report["mismatched_ranges"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
+    assert!(report["reads"].as_u64().unwrap_or(0) > 0, "{report}");
+    eprintln!("rig SPDK + RDMA bench (TCG, functional speed only): {report}");
+
     let scrub = ctl(Host::Storage, "--json scrub first").expect("scrub through the SPDK queue pairs");
     assert!(scrub.contains("\"bad_chunks\":[]"), "{scrub}");
 
@@ -117,6 +151,7 @@ fn serves_datasets_from_a_controller_spdk_owns() {
     let third = stat("third");
     assert_eq!(third["namespace"]["path"], format!("{pci}/3"), "{third}");
     let reason = third["namespace"]["reason"].as_str().unwrap_or("");
+    eprintln!("third dataset's namespace: {reason}");
     assert!(reason.contains("attached for it (SPDK)") && reason.contains("refused"), "{third}");
     let full = rig
         .exec(Host::Storage, &format!("{sluicectl} --endpoint {endpoint} dataset create fourth --kind bytes"))
