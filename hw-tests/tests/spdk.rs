@@ -166,3 +166,95 @@ fn serves_datasets_from_a_controller_spdk_owns() {
     let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
     assert!(log.contains(&format!("SPDK detached the NVMe controller at {pci}")), "clean shutdown: {log}");
 }
+
+/// CPU seconds (user + system) the process `pid` on `host` has used.
+fn cpu_seconds(rig: &Rig, host: Host, pid: &str) -> f64 {
+    let stat = rig.sh(host, &format!("cat /proc/{pid}/stat; getconf CLK_TCK")).expect("read /proc stat");
+    let mut lines = stat.lines();
+    let fields: Vec<&str> =
+        lines.next().and_then(|l| l.rsplit_once(") ")).map(|(_, rest)| rest).unwrap_or("").split(' ').collect();
+    let ticks: f64 = lines.next().and_then(|t| t.trim().parse().ok()).unwrap_or(100.0);
+    // utime and stime are fields 14 and 15 of /proc/PID/stat (11 and 12
+    // after the command name).
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / ticks
+}
+
+/// Benchmark, not a test (`cargo test -p hw-tests --test spdk -- --ignored
+/// --nocapture`): the same emulated controller served by the uring backend
+/// (kernel NVMe driver, O_DIRECT) and by the SPDK backend (vfio-pci), the
+/// same random 4 KiB reads from a client on the storage guest: IOPS and the
+/// node's CPU time per read, in one run. Under TCG both are emulation-bound;
+/// the ratio is what carries over.
+#[test]
+#[ignore = "benchmark: run explicitly"]
+fn bench_spdk_against_uring_on_one_controller() {
+    let Some((sluiced, sluicectl)) = spdk_binaries() else { return };
+    let Some(rig) =
+        require(Rig::builder("spdk-bench").nvme(1, 1).namespace_mib(256).memory_mib(2048).hugepages(512).boot())
+    else {
+        return;
+    };
+    let controller = rig.nvme_controllers()[0].clone();
+    let pci = controller.pci.clone();
+    let device = rig.namespace_devices(&controller).expect("namespaces")[0].1.clone();
+    // One guest: the client runs beside the node, over loopback.
+    let storage = "127.0.0.1".to_string();
+    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
+    let scratch = rig.scratch_dir(Host::Storage);
+    let mut data = vec![0u8; 64 << 20];
+    rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
+    let source = rig.share_file("bench.bin", &data).expect("share");
+    let seconds = std::env::var("SLUICE_SPDK_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10u32);
+
+    let mut rows = Vec::new();
+    for (backend, args) in [
+        ("uring", format!("--insecure --namespace-device {device}")),
+        ("spdk", format!("--insecure --driver spdk --nvme {pci}")),
+    ] {
+        if backend == "spdk" {
+            rig.sh(
+                Host::Storage,
+                &format!(
+                    "echo {pci} > /sys/bus/pci/drivers/nvme/unbind && \
+                     echo vfio-pci > /sys/bus/pci/devices/{pci}/driver_override && \
+                     echo {pci} > /sys/bus/pci/drivers_probe"
+                ),
+            )
+            .expect("hand the controller to vfio-pci");
+        }
+        rig.sh(Host::Storage, &format!("rm -rf {scratch}/data")).expect("fresh data dir");
+        rig.start_sluiced_binary(&sluiced, &storage, &args).expect("start sluiced");
+        let ctl = |args: &str| rig.sh(Host::Storage, &format!("{sluicectl} --endpoint {endpoint} {args}"));
+        ctl("dataset create bench --kind bytes").expect("create");
+        ctl(&format!("dataset ingest bench {source}")).expect("ingest");
+        ctl("dataset seal bench").expect("seal");
+        let pid = rig.sh(Host::Storage, &format!("cat {scratch}/sluiced.pid")).expect("pid").trim().to_string();
+        let before = cpu_seconds(&rig, Host::Storage, &pid);
+        let report = ctl(&format!(
+            "--transport tcp --json bench read bench --size 4096 --batch 32 --inflight 4 --seconds {seconds}"
+        ))
+        .expect("bench read");
+        let cpu = cpu_seconds(&rig, Host::Storage, &pid) - before;
+        let report: serde_json::Value = serde_json::from_str(report.trim()).expect("bench json");
+        assert_eq!(report["failed_ranges"], 0, "{report}");
+        let reads = report["reads"].as_u64().unwrap_or(0).max(1) as f64;
+        let iops = report["iops"].as_f64().unwrap_or(0.0);
+        rows.push((backend, iops, cpu * 1e6 / reads, report["batch_latency_us_p99"].as_u64().unwrap_or(0)));
+        rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid); sleep 3")).expect("stop sluiced");
+    }
+    let mut table = String::from("| backend | IOPS (4 KiB random, QD 128) | node CPU µs per read | p99 batch latency µs |\n| --- | --- | --- | --- |\n");
+    for (backend, iops, cpu_us, p99) in &rows {
+        table += &format!("| {backend} | {iops:.0} | {cpu_us:.1} | {p99} |\n");
+    }
+    if let [(_, uring_iops, uring_cpu, _), (_, spdk_iops, spdk_cpu, _)] = rows[..] {
+        table += &format!(
+            "\nspdk / uring: IOPS {:.2}, CPU per read {:.2} ({seconds} s each, same controller, same run)\n",
+            spdk_iops / uring_iops.max(1.0),
+            spdk_cpu / uring_cpu.max(1e-9)
+        );
+    }
+    eprintln!("{table}");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/spdk-bench.md");
+    std::fs::write(&out, &table).expect("write the table");
+}
