@@ -700,10 +700,9 @@ pub struct SpdkQueue {
 }
 
 unsafe extern "C" fn read_done(arg: *mut c_void, cpl: *const sys::spdk_nvme_cpl) {
-    // SAFETY: `arg` is an IoContext of the queue that submitted it, which
-    // outlives every command it submitted; `cpl` is valid for the call; the
-    // callback runs on the queue's own thread, inside process_completions,
-    // while no reference to the queue's state is alive.
+    // SAFETY: `arg` is a context of the queue that submitted it (which
+    // outlives its commands); `cpl` is valid for the call; this runs inside
+    // the queue's own poll, while no reference to its state is alive.
     let (ctx, cpl) = unsafe { (&*arg.cast_const().cast::<IoContext>(), &*cpl) };
     // SAFETY: as above.
     let state = unsafe { &mut *ctx.state.as_ptr() };
