@@ -106,6 +106,9 @@ pub struct NodeConfig {
     /// Seconds a node's membership outlives its last renewal: how soon a
     /// killed node leaves the cluster.
     pub member_ttl_s: u64,
+    /// Seconds a dataset may have fewer than `replicas` live placed nodes
+    /// before a live node takes a copy in the dead one's place.
+    pub repair_after_s: u64,
 }
 
 /// Faults injected by the driver, by namespace byte range `[start, end)`.
@@ -152,6 +155,7 @@ impl Default for NodeConfig {
             replicas: 2,
             advertise: None,
             member_ttl_s: 3,
+            repair_after_s: 60,
         }
     }
 }

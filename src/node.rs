@@ -152,6 +152,7 @@ impl Node {
                 prefix: config.etcd_prefix.clone(),
                 node: config.node_id.clone().unwrap_or_else(|| config.name.clone()),
                 replicas: config.replicas.max(1),
+                repair_after: std::time::Duration::from_secs(config.repair_after_s),
             },
             None => CatalogChoice::Local,
         };

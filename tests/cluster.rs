@@ -2,8 +2,9 @@
 //! here on loopback) with two copies of each dataset: the second copy is
 //! made and verified by the node it is placed on; a client reading from a
 //! node that is killed mid-read moves to the other copy and every byte
-//! stays exact; the node restarted rejoins and serves again; grants and
-//! deletes made on one node hold on all.
+//! stays exact; a live node takes a copy in the dead one's place; the node
+//! restarted rejoins and serves again; grants and deletes made on one node
+//! hold on all.
 
 mod common;
 
@@ -82,7 +83,7 @@ fn start_etcd(dir: &Path) -> Option<EtcdServer> {
 fn start_node(dir: &Path, etcd: &str, id: &str) -> NodeProcess {
     NodeProcess::start_secure_with(
         &dir.join(id),
-        &["--etcd", etcd, "--etcd-prefix", "/sluice-test", "--node-id", id, "--replicas", "2"],
+        &["--etcd", etcd, "--etcd-prefix", "/sluice-test", "--node-id", id, "--replicas", "2", "--repair-after-s", "2"],
     )
 }
 
@@ -223,6 +224,17 @@ fn three_nodes_two_copies_survive_a_node_killed_mid_read() {
         eventually(30, || !live_members(&nodes[other]).contains(&"n1".to_string())),
         "the killed node leaves the membership when its lease expires"
     );
+    // Two seconds short of a live holder, the spare node takes a copy.
+    let spare_id = ids[spare].to_string();
+    assert!(
+        eventually(60, || ready_copies(&nodes[other], "corpus").contains(&spare_id)),
+        "the spare node copies the dataset in n1's place: {}",
+        cluster(&nodes[other])
+    );
+    let healed =
+        Client::connect(&nodes[spare].endpoint).expect("connect").open_with("corpus", options()).expect("open");
+    read_whole(&healed, &expected);
+    drop(healed);
 
     // Restarted on its data, n1 rejoins and serves its copy again.
     nodes[0] = start_node(dir.path(), &etcd.endpoint, "n1");

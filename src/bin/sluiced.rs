@@ -87,6 +87,10 @@ struct Args {
     /// listening IP].
     #[arg(long, value_name = "HOST")]
     advertise: Option<String>,
+    /// Seconds a dataset may lack a live copy holder before another node
+    /// takes a copy [default: 60].
+    #[arg(long, value_name = "SECONDS")]
+    repair_after_s: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -142,6 +146,9 @@ fn main() -> ExitCode {
     }
     if args.advertise.is_some() {
         config.advertise = args.advertise;
+    }
+    if let Some(seconds) = args.repair_after_s {
+        config.repair_after_s = seconds;
     }
     if !args.namespace_devices.is_empty() {
         config.namespace_devices = args.namespace_devices;

@@ -105,6 +105,11 @@ pub struct ControlPlane {
     cluster: Option<Arc<EtcdCatalog>>,
     /// Copies of each dataset a cluster keeps.
     replication: usize,
+    /// How long a dataset may have fewer than `replication` live placed
+    /// nodes before a live node adds itself to its placement.
+    repair_after: std::time::Duration,
+    /// When each dataset was first seen short of live placed nodes.
+    short_since: Mutex<HashMap<String, std::time::Instant>>,
     membership: Mutex<Option<Membership>>,
     namespace_dir: PathBuf,
     /// Whole block devices (NVMe namespaces) given to this node, one per
@@ -253,17 +258,21 @@ impl ControlPlane {
         let index_dir = data_dir.join("indexes");
         std::fs::create_dir_all(&index_dir)
             .map_err(|e| ControlError::Namespace { name: index_dir.display().to_string(), message: e.to_string() })?;
-        let (catalog, cluster, replication): (Arc<dyn CatalogStore>, _, _) = match choice {
-            CatalogChoice::Local => (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1),
-            CatalogChoice::Etcd { endpoint, prefix, node, replicas } => {
+        let (catalog, cluster, replication, repair_after): (Arc<dyn CatalogStore>, _, _, _) = match choice {
+            CatalogChoice::Local => {
+                (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1, std::time::Duration::MAX)
+            }
+            CatalogChoice::Etcd { endpoint, prefix, node, replicas, repair_after } => {
                 let etcd = Arc::new(EtcdCatalog::connect(&endpoint, &prefix, &node)?);
-                (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1))
+                (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1), repair_after)
             }
         };
         let control = Self {
             catalog,
             cluster,
             replication,
+            repair_after,
+            short_since: Mutex::new(HashMap::new()),
             membership: Mutex::new(None),
             namespace_dir,
             namespace_devices,
@@ -854,7 +863,11 @@ impl ControlPlane {
             .map(|g| g.values().filter(|g| g.dataset_id == record.id).map(|g| g.id).collect())
             .unwrap_or_default();
         for id in doomed {
-            self.revoke_grant(id)?;
+            match self.revoke_grant(id) {
+                // Revoked on another node since this one last looked.
+                Ok(()) | Err(ControlError::UnknownGrant(_)) => {}
+                Err(err) => return Err(err),
+            }
         }
         record.state = DatasetState::Deleting;
         self.catalog.update(&record, None)?;
@@ -1069,13 +1082,21 @@ impl ControlPlane {
     /// Revokes a grant: new opens with its token fail from now on, and the
     /// sessions opened with it are closed.
     pub fn revoke_grant(&self, id: u64) -> Result<(), ControlError> {
-        if !self.catalog.remove_grant(id)? {
+        let existed = self.catalog.remove_grant(id)?;
+        // Gone from the catalog either way; in a cluster this node's copy
+        // of the table may still hold one revoked elsewhere: drop it, and
+        // close its sessions, all the same.
+        let held = self.grants.write().map(|mut map| {
+            let before = map.len();
+            map.retain(|_, g| g.id != id);
+            map.len() != before
+        });
+        if existed || held.unwrap_or(false) {
+            self.revocations.send_modify(|epoch| *epoch += 1);
+        }
+        if !existed {
             return Err(ControlError::UnknownGrant(id));
         }
-        if let Ok(mut map) = self.grants.write() {
-            map.retain(|_, g| g.id != id);
-        }
-        self.revocations.send_modify(|epoch| *epoch += 1);
         tracing::info!(grant = id, "grant revoked");
         Ok(())
     }

@@ -21,7 +21,9 @@ pub enum CatalogChoice {
     #[default]
     Local,
     /// etcd, shared by every node started with the same endpoint and prefix.
-    Etcd { endpoint: String, prefix: String, node: String, replicas: usize },
+    /// A dataset short of `replicas` live placed nodes for `repair_after`
+    /// gets a new one.
+    Etcd { endpoint: String, prefix: String, node: String, replicas: usize, repair_after: Duration },
 }
 
 /// One copy as the cluster sees it.
@@ -250,14 +252,69 @@ impl ControlPlane {
         }
     }
 
+    /// Re-places datasets that have had fewer than `replication` live
+    /// placed nodes for `repair_after` (a node died and stayed away): the
+    /// live node outside the placement holding the fewest copies (lowest
+    /// id on ties) adds itself, then copies it like any placed node. Every
+    /// node computes the same choice, and the catalog's compare-and-swap
+    /// settles a race. The dead node stays placed: if it returns, the
+    /// dataset has one copy more.
+    fn repair_placement(
+        &self,
+        records: &mut [DatasetRecord],
+        members: &[Member],
+        replicas: &HashMap<String, Vec<ReplicaRecord>>,
+    ) {
+        let Some(cluster) = self.cluster.as_deref() else { return };
+        let live = |node: &String| members.iter().any(|m| m.node == *node);
+        let Ok(mut short_since) = self.short_since.lock() else { return };
+        short_since.retain(|name, _| records.iter().any(|r| r.name == *name));
+        for record in records.iter_mut().filter(|r| r.state == DatasetState::Sealed) {
+            let placed_live = record.placement.iter().filter(|n| live(n)).count();
+            if placed_live >= self.replication.min(members.len()) {
+                short_since.remove(&record.name);
+                continue;
+            }
+            let since = *short_since.entry(record.name.clone()).or_insert_with(std::time::Instant::now);
+            if since.elapsed() < self.repair_after {
+                continue;
+            }
+            let held = |node: &str| replicas.values().flatten().filter(|r| r.node == node).count();
+            let chosen = members
+                .iter()
+                .filter(|m| !record.placement.contains(&m.node))
+                .min_by_key(|m| (held(&m.node), m.node.clone()));
+            if chosen.is_none_or(|m| m.node != cluster.node()) {
+                continue;
+            }
+            let mut updated = record.clone();
+            updated.placement.push(cluster.node().to_string());
+            match self.catalog.update(&updated, None) {
+                Ok(()) => {
+                    tracing::warn!(
+                        dataset = record.name,
+                        "{placed_live} of {} placed nodes live for {:?}: this node takes a copy",
+                        self.replication,
+                        since.elapsed()
+                    );
+                    short_since.remove(&record.name);
+                    *record = updated;
+                }
+                Err(err) => tracing::debug!(dataset = record.name, "re-placing lost a race: {err}"),
+            }
+        }
+    }
+
     /// The copies this node is placed to hold and lacks, with where to
     /// copy each from.
     pub fn replication_jobs(&self) -> Result<Vec<ReplicaJob>, ControlError> {
         let cluster = self.cluster()?;
         let members = cluster.members()?;
         let replicas = cluster.replicas()?;
+        let mut records = self.catalog.list()?;
+        self.repair_placement(&mut records, &members, &replicas);
         let mut jobs = Vec::new();
-        for record in self.catalog.list()? {
+        for record in records {
             if record.state != DatasetState::Sealed || !record.placement.iter().any(|n| n == cluster.node()) {
                 continue;
             }
