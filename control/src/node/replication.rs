@@ -372,9 +372,13 @@ impl ControlPlane {
     pub async fn reap_replicas(&self) -> Result<usize, ControlError> {
         let cluster = self.cluster()?;
         let mut reaped = 0;
-        for (name, replica) in cluster.own_replicas()? {
-            let current = self.catalog.get(&name)?;
-            if current.as_ref().is_some_and(|r| r.id == replica.dataset_id) {
+        // Copies first, then datasets: a dataset and its creator's copy are
+        // made in one transaction, so every copy listed here whose dataset
+        // still exists has it in the list below.
+        let own = cluster.own_replicas()?;
+        let current: HashMap<String, u64> = self.catalog.list()?.into_iter().map(|r| (r.name, r.id)).collect();
+        for (name, replica) in own {
+            if current.get(&name) == Some(&replica.dataset_id) {
                 continue;
             }
             let Ok(_guard) = self.busy(&name) else { continue };
