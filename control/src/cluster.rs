@@ -55,6 +55,14 @@ pub struct ReplicaRecord {
     pub ready: bool,
 }
 
+impl ReplicaRecord {
+    /// Whether this copy serves `record`: complete, and of the dataset by
+    /// that name now (not an earlier one deleted and made again).
+    pub fn serves(&self, record: &DatasetRecord) -> bool {
+        self.ready && self.dataset_id == record.id
+    }
+}
+
 /// A live node as it announces itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Member {
@@ -177,11 +185,24 @@ impl EtcdCatalog {
         Ok(out)
     }
 
-    /// Records this node's copy (the namespace it allocated, whether done).
-    pub fn put_replica(&self, replica: &ReplicaRecord) -> Result<(), CatalogError> {
-        debug_assert_eq!(replica.node, self.node);
-        let value = serde_json::to_vec(replica).map_err(|e| record_error(&replica.dataset, e))?;
-        self.etcd.put(&self.replica_key(&self.node, &replica.dataset), &value, None)?;
+    /// The write that records this node's copy of `record` (its namespace,
+    /// whether complete).
+    fn own_replica_op(&self, record: &DatasetRecord, ready: bool) -> Result<Op, CatalogError> {
+        let replica = ReplicaRecord {
+            node: self.node.clone(),
+            dataset: record.name.clone(),
+            dataset_id: record.id,
+            namespace: record.namespace.clone(),
+            ready,
+        };
+        let value = serde_json::to_vec(&replica).map_err(|e| record_error(&record.name, e))?;
+        Ok(Op::Put { key: self.replica_key(&self.node, &record.name), value })
+    }
+
+    /// Records this node's copy of `record`: the namespace it allocated and
+    /// whether the copy is complete.
+    pub fn put_replica(&self, record: &DatasetRecord, ready: bool) -> Result<(), CatalogError> {
+        self.etcd.txn(&[], &[self.own_replica_op(record, ready)?])?;
         Ok(())
     }
 
@@ -289,22 +310,12 @@ impl CatalogStore for EtcdCatalog {
         }
         let id = self.next_id("meta/next_dataset_id")?;
         let record = new_record(id, name, kind, now_unix_ms, namespace(id));
-        let replica = ReplicaRecord {
-            node: self.node.clone(),
-            dataset: name.to_string(),
-            dataset_id: id,
-            namespace: record.namespace.clone(),
-            ready: false,
-        };
         let ops = [
             Op::Put {
                 key: key.clone(),
                 value: serde_json::to_vec(&Self::shared(&record)).map_err(|e| record_error(name, e))?,
             },
-            Op::Put {
-                key: self.replica_key(&self.node, name),
-                value: serde_json::to_vec(&replica).map_err(|e| record_error(name, e))?,
-            },
+            self.own_replica_op(&record, false)?,
         ];
         if !self.etcd.txn(&[Compare::Absent(key)], &ops)? {
             // Another node created it between the check and now; the
@@ -348,17 +359,7 @@ impl CatalogStore for EtcdCatalog {
             value: serde_json::to_vec(&Self::shared(record)).map_err(|e| record_error(&record.name, e))?,
         }];
         if record.namespace.kind != REMOTE_KIND {
-            let replica = ReplicaRecord {
-                node: self.node.clone(),
-                dataset: record.name.clone(),
-                dataset_id: record.id,
-                namespace: record.namespace.clone(),
-                ready: record.state == crate::catalog::DatasetState::Sealed,
-            };
-            ops.push(Op::Put {
-                key: self.replica_key(&self.node, &record.name),
-                value: serde_json::to_vec(&replica).map_err(|e| record_error(&record.name, e))?,
-            });
+            ops.push(self.own_replica_op(record, record.state == crate::catalog::DatasetState::Sealed)?);
         }
         if let Some(crcs) = chunk_crcs {
             // Appends change only the old tail chunk's checksum and those

@@ -140,13 +140,7 @@ impl ReplicaTarget<'_> {
             .and_then(|()| self.ns.sync())
             .map_err(|e| self.control.ns_error(&self.record, e))?;
         let cluster = self.control.cluster()?;
-        cluster.put_replica(&ReplicaRecord {
-            node: cluster.node().to_string(),
-            dataset: self.record.name.clone(),
-            dataset_id: self.record.id,
-            namespace: self.record.namespace.clone(),
-            ready: true,
-        })?;
+        cluster.put_replica(&self.record, true)?;
         tracing::info!(dataset = self.record.name, bytes = self.record.length_bytes, "copy complete and verified");
         Ok(())
     }
@@ -208,7 +202,7 @@ impl ControlPlane {
     /// cluster, when its copy is complete.
     pub(super) fn holds_ready_copy(&self, record: &DatasetRecord) -> Result<bool, ControlError> {
         let Some(cluster) = self.cluster.as_deref() else { return Ok(true) };
-        Ok(cluster.own_replicas()?.get(&record.name).is_some_and(|r| r.ready && r.dataset_id == record.id))
+        Ok(cluster.own_replicas()?.get(&record.name).is_some_and(|r| r.serves(record)))
     }
 
     /// Control endpoints of the live nodes with a complete copy of `name`,
@@ -223,9 +217,7 @@ impl ControlPlane {
         let mut ready: Vec<&Member> = members
             .iter()
             .filter(|m| {
-                replicas.get(name).is_some_and(|copies| {
-                    copies.iter().any(|r| r.node == m.node && r.ready && r.dataset_id == record.id)
-                })
+                replicas.get(name).is_some_and(|copies| copies.iter().any(|r| r.node == m.node && r.serves(&record)))
             })
             .collect();
         ready.sort_by_key(|m| (m.node != cluster.node(), m.node.clone()));
@@ -319,7 +311,7 @@ impl ControlPlane {
                 continue;
             }
             let copies = replicas.get(&record.name).map(Vec::as_slice).unwrap_or_default();
-            let complete = |r: &&ReplicaRecord| r.ready && r.dataset_id == record.id;
+            let complete = |r: &&ReplicaRecord| r.serves(&record);
             if copies.iter().filter(complete).any(|r| r.node == cluster.node()) {
                 continue;
             }
@@ -346,13 +338,7 @@ impl ControlPlane {
         }
         if record.namespace.kind == REMOTE_KIND {
             record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
-            cluster.put_replica(&ReplicaRecord {
-                node: cluster.node().to_string(),
-                dataset: record.name.clone(),
-                dataset_id: record.id,
-                namespace: record.namespace.clone(),
-                ready: false,
-            })?;
+            cluster.put_replica(&record, false)?;
         }
         let ns = self.namespace(&record)?;
         let crcs = self.catalog.chunk_crcs(record.id)?;
