@@ -258,14 +258,7 @@ fn three_nodes_two_copies_survive_a_node_killed_mid_read() {
 }
 
 fn file_namespace(id: u64) -> NamespaceRecord {
-    NamespaceRecord {
-        kind: "file".into(),
-        path: format!("ns/{id}"),
-        base_offset_bytes: 0,
-        reason: "test".into(),
-        attached: None,
-        created: false,
-    }
+    NamespaceRecord::new("file", format!("ns/{id}"), "test")
 }
 
 fn grant(id: u64) -> GrantRecord {

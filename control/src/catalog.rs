@@ -69,6 +69,26 @@ pub struct NamespaceRecord {
     pub created: bool,
 }
 
+impl NamespaceRecord {
+    /// A whole namespace (or file) from its first byte, chosen for `reason`.
+    pub fn new(kind: &str, path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            kind: kind.to_string(),
+            path: path.into(),
+            base_offset_bytes: 0,
+            reason: reason.into(),
+            attached: None,
+            created: false,
+        }
+    }
+
+    /// Attached for the dataset (`label` names it for release), and
+    /// created for it when `created`: delete gives it back.
+    pub fn attached_as(self, label: String, created: bool) -> Self {
+        Self { attached: Some(label), created, ..self }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DatasetRecord {
     pub id: u64,
@@ -369,14 +389,7 @@ mod tests {
     use super::*;
 
     fn file_ns(id: u64) -> NamespaceRecord {
-        NamespaceRecord {
-            kind: "file".into(),
-            path: format!("ns/{id}"),
-            base_offset_bytes: 0,
-            reason: "test".into(),
-            attached: None,
-            created: false,
-        }
+        NamespaceRecord::new("file", format!("ns/{id}"), "test")
     }
 
     /// Records and checksums persist across reopening the store.

@@ -265,14 +265,7 @@ impl EtcdCatalog {
 
 /// The namespace of a dataset this node holds no copy of.
 pub fn remote_namespace() -> NamespaceRecord {
-    NamespaceRecord {
-        kind: REMOTE_KIND.into(),
-        path: String::new(),
-        base_offset_bytes: 0,
-        reason: "held by other nodes of the cluster".into(),
-        attached: None,
-        created: false,
-    }
+    NamespaceRecord::new(REMOTE_KIND, "", "held by other nodes of the cluster")
 }
 
 /// This node's membership; leaves the cluster (revokes the lease) on drop.

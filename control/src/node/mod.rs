@@ -427,24 +427,16 @@ impl ControlPlane {
     /// namespaces stay free for big datasets). Runs inside the catalog's
     /// write transaction, so two creates never pick the same namespace.
     fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
-        let file = |reason: String| NamespaceRecord {
-            kind: "file".into(),
-            path: self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(),
-            base_offset_bytes: 0,
-            reason,
-            attached: None,
-            created: false,
+        let file = |reason: String| {
+            NamespaceRecord::new("file", self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(), reason)
         };
         match self.driver.kind() {
             DriverKind::Mem => {
-                return NamespaceRecord {
-                    kind: "mem".into(),
-                    path: format!("mem:{id}"),
-                    base_offset_bytes: 0,
-                    reason: "memory driver: a namespace in RAM, gone at restart".into(),
-                    attached: None,
-                    created: false,
-                }
+                return NamespaceRecord::new(
+                    "mem",
+                    format!("mem:{id}"),
+                    "memory driver: a namespace in RAM, gone at restart",
+                )
             }
             DriverKind::Uring if self.namespace_devices.is_empty() && self.nvme_controllers.is_empty() => {
                 return file("no NVMe namespace configured: a file per dataset under the data directory".into())
@@ -469,20 +461,17 @@ impl ControlPlane {
             .map(|d| (d, block_device_bytes(d)))
             .collect();
         if let Some((device, capacity_bytes)) = best_fit(&free, size_hint) {
-            return NamespaceRecord {
-                kind: "device".into(),
-                path: device.display().to_string(),
-                base_offset_bytes: 0,
-                reason: format!(
+            return NamespaceRecord::new(
+                "device",
+                device.display().to_string(),
+                format!(
                     "a whole NVMe namespace: {} of {capacity_bytes} bytes ({} of {} namespace devices were free{})",
                     device.display(),
                     free.len(),
                     self.namespace_devices.len(),
                     hint_words(size_hint),
                 ),
-                attached: None,
-                created: false,
-            };
+            );
         }
         let mut why_not = Vec::new();
         if !free.is_empty() {
@@ -539,19 +528,14 @@ impl ControlPlane {
         })?;
         let device = controller.attach(nsid).map_err(|e| e.to_string())?;
         tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
-        Ok(NamespaceRecord {
-            kind: "device".into(),
-            path: device.display().to_string(),
-            base_offset_bytes: 0,
-            reason: format!(
-                "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
-                path.display(),
-                detached.len(),
-                hint_words(size_hint),
-            ),
-            attached: Some(crate::nvme::attachment_label(path, nsid)),
-            created: false,
-        })
+        let reason = format!(
+            "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
+            path.display(),
+            detached.len(),
+            hint_words(size_hint),
+        );
+        Ok(NamespaceRecord::new("device", device.display().to_string(), reason)
+            .attached_as(crate::nvme::attachment_label(path, nsid), false))
     }
 
     /// Creates a namespace of `bytes` on `controller` and attaches it; a
@@ -569,18 +553,12 @@ impl ControlPlane {
             }
         };
         tracing::info!("created namespace {nsid} of {} ({bytes} bytes) as {}", path.display(), device.display());
-        Ok(NamespaceRecord {
-            kind: "device".into(),
-            path: device.display().to_string(),
-            base_offset_bytes: 0,
-            reason: format!(
-                "a whole NVMe namespace created for it: namespace {nsid} of {}, {} bytes asked",
-                path.display(),
-                bytes
-            ),
-            attached: Some(crate::nvme::attachment_label(path, nsid)),
-            created: true,
-        })
+        let reason = format!(
+            "a whole NVMe namespace created for it: namespace {nsid} of {}, {bytes} bytes asked",
+            path.display()
+        );
+        Ok(NamespaceRecord::new("device", device.display().to_string(), reason)
+            .attached_as(crate::nvme::attachment_label(path, nsid), true))
     }
 
     fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {

@@ -25,13 +25,13 @@ pub(super) fn parse_nvme_path(path: &str) -> Option<(String, u32)> {
 
 impl ControlPlane {
     pub(super) fn allocate_user_space(&self, admin: &dyn NvmeAdmin, size_hint: Option<u64>) -> NamespaceRecord {
-        let record = |controller: &str, nsid: u32, reason: String, attached: bool, created: bool| NamespaceRecord {
-            kind: NVME_KIND.into(),
-            path: nvme_path(controller, nsid),
-            base_offset_bytes: 0,
-            reason,
-            attached: attached.then(|| nvme_path(controller, nsid)),
-            created,
+        let record = |controller: &str, nsid: u32, reason: String, attached: bool, created: bool| {
+            let record = NamespaceRecord::new(NVME_KIND, nvme_path(controller, nsid), reason);
+            if attached {
+                record.attached_as(nvme_path(controller, nsid), created)
+            } else {
+                record
+            }
         };
         let used: HashSet<String> = match self.catalog.list() {
             Ok(records) => {
@@ -129,14 +129,7 @@ impl ControlPlane {
 }
 
 fn unplaced(reason: String) -> NamespaceRecord {
-    NamespaceRecord {
-        kind: UNPLACED_KIND.into(),
-        path: String::new(),
-        base_offset_bytes: 0,
-        reason,
-        attached: None,
-        created: false,
-    }
+    NamespaceRecord::new(UNPLACED_KIND, "", reason)
 }
 
 #[cfg(test)]
