@@ -123,6 +123,8 @@ pub enum CatalogError {
     Cluster(#[from] crate::etcd::EtcdError),
     #[error("catalog in etcd: {0}")]
     Contended(String),
+    #[error("invalid node id {0:?}: 1-{max} of [A-Za-z0-9._-]", max = crate::cluster::NODE_ID_BYTES_MAX)]
+    BadNodeId(String),
     #[error("catalog record of {name}: {source}")]
     Record {
         name: String,

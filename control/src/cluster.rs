@@ -95,9 +95,7 @@ impl EtcdCatalog {
     /// one etcd.
     pub fn connect(endpoint: &str, prefix: &str, node: &str) -> Result<Self, CatalogError> {
         if !valid_node_id(node) {
-            return Err(CatalogError::Contended(format!(
-                "invalid node id {node:?}: 1-{NODE_ID_BYTES_MAX} of [A-Za-z0-9._-]"
-            )));
+            return Err(CatalogError::BadNodeId(node.to_string()));
         }
         let catalog = Self {
             etcd: Etcd::new(endpoint),

@@ -138,7 +138,6 @@ pub struct ControlPlane {
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
 
-/// A block device's size: where a seek to its end lands (0 if unreadable).
 /// The smallest candidate of at least `need` bytes (best fit), or the
 /// first candidate when nothing is asked.
 fn best_fit<T: Clone>(candidates: &[(T, u64)], need: Option<u64>) -> Option<(T, u64)> {
@@ -152,6 +151,7 @@ fn hint_words(size_hint: Option<u64>) -> String {
     size_hint.map(|bytes| format!("; the smallest that holds the {bytes} bytes asked")).unwrap_or_default()
 }
 
+/// A block device's size: where a seek to its end lands (0 if unreadable).
 fn block_device_bytes(path: &Path) -> u64 {
     std::fs::File::open(path).and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))).unwrap_or(0)
 }
