@@ -85,9 +85,36 @@ pub struct NodeConfig {
     /// bytes take the latency lane; 0 puts every batch in the bulk lane
     /// (one FIFO lane: the baseline of the steering benchmark).
     pub latency_lane_max_bytes: u64,
-    /// Serve without access grants: any client reaching the data port reads
-    /// any sealed dataset. Local development only; the node warns.
+    /// No access control at all: the control API checks no credential and
+    /// any client reaching the data port reads any sealed dataset; listens
+    /// off loopback without TLS. Local development only; the node warns.
     pub insecure: bool,
+    /// Operator tokens, one per line (the token or `blake3:<hex>` of it);
+    /// the file must be private (mode 0600). Without it (and without
+    /// `insecure`) the node makes `DATA_DIR/admin.token` at first start.
+    pub admin_tokens: Option<PathBuf>,
+    /// Serve `GET /metrics`, unauthenticated, on this address of its own
+    /// (for a scraper on a monitoring network).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Bearer tokens (a file like `admin_tokens`) that may read
+    /// `GET /metrics` on the control API and nothing else.
+    pub metrics_tokens: Option<PathBuf>,
+    /// PEM certificate chain and key: the control API serves HTTPS.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA whose client certificates identify their holder (mTLS): an
+    /// operator by `operator_cert_names`, a reader by a grant's `cert_name`.
+    pub tls_client_ca: Option<PathBuf>,
+    /// The TCP data port speaks TLS too, with the same certificate.
+    pub data_tls: bool,
+    /// Client-certificate CNs that are operators.
+    pub operator_cert_names: Vec<String>,
+    /// Operators may swap the steering policy at run time (`PUT
+    /// /v1/policy`). Off by default: a policy runs in the kernel.
+    pub policy_load: bool,
+    /// With `policy_load`, only objects with these sha256 digests
+    /// (`sha256:<hex>` or bare hex) may be loaded.
+    pub policy_allowlist: Vec<String>,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
     /// etcd client endpoint (`http://host:2379`): keep the catalog there,
@@ -148,6 +175,16 @@ impl Default for NodeConfig {
             ebpf_kernel_trace: true,
             latency_lane_max_bytes: 512 * 1024,
             insecure: false,
+            admin_tokens: None,
+            metrics_listen: None,
+            metrics_tokens: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            data_tls: false,
+            operator_cert_names: Vec::new(),
+            policy_load: false,
+            policy_allowlist: Vec::new(),
             faults: None,
             etcd: None,
             etcd_prefix: "/sluice".into(),
@@ -161,6 +198,68 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
+    /// The control API's TLS files, when it serves HTTPS.
+    pub fn control_tls(&self) -> Result<Option<sluice_rdma::tls::ServerTlsFiles>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(sluice_rdma::tls::ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            })),
+            (None, None) if self.tls_client_ca.is_none() && !self.data_tls => Ok(None),
+            (None, None) => Err("tls_client_ca and data_tls need tls_cert and tls_key".into()),
+            _ => Err("tls_cert and tls_key go together: set both or neither".into()),
+        }
+    }
+
+    /// Why this config must not start: a listener off loopback with no
+    /// TLS (and no `insecure`), which would send tokens and data in clear
+    /// to whoever is on the network.
+    pub fn exposure(&self) -> Option<String> {
+        if self.insecure {
+            return None;
+        }
+        let control_tls = self.tls_cert.is_some();
+        if !self.control.ip().is_loopback() && !control_tls {
+            return Some(format!(
+                "the control API would listen on {} (not loopback) without TLS: set tls_cert and tls_key \
+                 (--tls-cert, --tls-key), or --insecure on a network you trust",
+                self.control
+            ));
+        }
+        if !self.listen.ip().is_loopback() && !self.data_tls {
+            return Some(format!(
+                "the data port would listen on {} (not loopback) without TLS: set data_tls = true (--data-tls) \
+                 with tls_cert and tls_key, or --insecure on a network you trust",
+                self.listen
+            ));
+        }
+        None
+    }
+
+    /// `policy_allowlist` as digests.
+    pub fn policy_digests(&self) -> Result<Option<Vec<[u8; 32]>>, String> {
+        if self.policy_allowlist.is_empty() {
+            return Ok(None);
+        }
+        let parse = |text: &str| -> Option<[u8; 32]> {
+            let hex = text.strip_prefix("sha256:").unwrap_or(text);
+            if hex.len() != 64 {
+                return None;
+            }
+            let mut out = [0u8; 32];
+            for (i, byte) in out.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            Some(out)
+        };
+        self.policy_allowlist
+            .iter()
+            .map(|entry| parse(entry).ok_or_else(|| format!("policy_allowlist entry {entry:?} is not sha256:<64 hex>")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// Reads a TOML file; keys absent from it keep their defaults.
     pub fn from_file(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -184,6 +283,32 @@ mod tests {
         assert_eq!(config.io_mode, IoModeChoice::Buffered);
         assert_eq!(config.credits, NodeConfig::default().credits);
         assert!(toml::from_str::<NodeConfig>("coress = 3").is_err());
+    }
+
+    /// A listener off loopback needs TLS unless the node is insecure; the
+    /// refusal names the setting.
+    #[test]
+    fn exposed_listeners_need_tls() {
+        let mut config = NodeConfig { control: "0.0.0.0:7070".parse().expect("addr"), ..NodeConfig::default() };
+        assert!(config.exposure().is_some_and(|why| why.contains("tls_cert")));
+        config.tls_cert = Some("c.pem".into());
+        config.tls_key = Some("k.pem".into());
+        assert_eq!(config.exposure(), None);
+        config.listen = "0.0.0.0:7071".parse().expect("addr");
+        assert!(config.exposure().is_some_and(|why| why.contains("data_tls")));
+        config.data_tls = true;
+        assert_eq!(config.exposure(), None);
+        let open = NodeConfig { control: "0.0.0.0:7070".parse().expect("addr"), insecure: true, ..NodeConfig::default() };
+        assert_eq!(open.exposure(), None);
+    }
+
+    #[test]
+    fn allowlist_entries_are_digests() {
+        let hex = "ab".repeat(32);
+        let config = NodeConfig { policy_allowlist: vec![format!("sha256:{hex}"), hex.clone()], ..NodeConfig::default() };
+        assert_eq!(config.policy_digests().expect("parse").map(|d| d.len()), Some(2));
+        let bad = NodeConfig { policy_allowlist: vec!["sha256:xyz".into()], ..NodeConfig::default() };
+        assert!(bad.policy_digests().is_err());
     }
 
     /// The configs shipped in deploy/ parse.

@@ -73,6 +73,10 @@ fn spdk_driver(_nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
 /// A running node.
 pub struct Node {
     pub control_addr: SocketAddr,
+    /// Whether the control API serves HTTPS.
+    pub control_tls: bool,
+    /// Where the node's own operator token is, when it made one.
+    pub admin_token_path: Option<std::path::PathBuf>,
     pub data_addr: SocketAddr,
     /// Where the RDMA transport listens, when it does.
     pub rdma_addr: Option<SocketAddr>,
@@ -98,6 +102,12 @@ pub enum NodeError {
     Control(#[from] sluice_control::ControlError),
     #[error("RDMA transport on {addr}: {message}")]
     Rdma { addr: SocketAddr, message: String },
+    #[error("refusing to start: {0}")]
+    Exposed(String),
+    #[error("access control: {0}")]
+    Access(String),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("binding {what} on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -110,8 +120,22 @@ pub enum NodeError {
 impl Node {
     /// Starts every part of a node and begins serving.
     pub async fn start(config: NodeConfig) -> Result<Self, NodeError> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|source| NodeError::DataDir { path: config.data_dir.display().to_string(), source })?;
+        if let Some(why) = config.exposure() {
+            return Err(NodeError::Exposed(why));
+        }
+        let control_tls_files = config.control_tls().map_err(NodeError::Tls)?;
+        let tls = match &control_tls_files {
+            Some(files) => Some(sluice_rdma::tls::server_config(files).map_err(|e| NodeError::Tls(e.to_string()))?),
+            None => None,
+        };
+        let data_dir_error =
+            |source| NodeError::DataDir { path: config.data_dir.display().to_string(), source };
+        std::fs::create_dir_all(&config.data_dir).map_err(data_dir_error)?;
+        // The data directory is the node's alone: datasets, catalog and
+        // tokens are readable through it by nobody else.
+        std::fs::set_permissions(&config.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(data_dir_error)?;
+        let (access, admin_token_path) = access_policy(&config)?;
         let driver: Arc<dyn BlockDriver> = match config.driver {
             DriverChoice::Uring => Arc::new(UringDriver::new(match config.io_mode {
                 IoModeChoice::Direct => IoMode::Direct,
@@ -166,11 +190,15 @@ impl Node {
             },
             catalog,
         )?);
-        control.set_insecure(config.insecure);
+        control.set_access(access);
+        control.set_policy_rules(sluice_control::PolicyRules {
+            load_enabled: config.policy_load,
+            allowlist: config.policy_digests().map_err(NodeError::Access)?,
+        });
         if config.insecure {
             tracing::warn!(
-                "grants are OFF (--insecure): any client that reaches the data port reads any sealed dataset; \
-                 for local development only"
+                "access control is OFF (--insecure): the control API checks no credential and any client that \
+                 reaches the data port reads any sealed dataset; for local development only"
             );
         }
 
@@ -221,6 +249,7 @@ impl Node {
             info.control_addr = control_addr.to_string();
             info.driver = plane.describe().to_string();
             info.grants_required = !config.insecure;
+            info.data_tls = config.data_tls;
             info.rdma_addr = config.rdma_listen.map(|addr| addr.to_string());
         });
 
@@ -239,6 +268,7 @@ impl Node {
                 sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES
             },
             accepted: Arc::default(),
+            tls: if config.data_tls { tls.clone() } else { None },
         };
         let resolver = Arc::new(Resolver(Arc::clone(&control)));
         let mut tasks = Vec::with_capacity(4);
@@ -277,16 +307,17 @@ impl Node {
             server_config,
             shutdown_rx.clone(),
         )));
-        let mut control_shutdown = shutdown_rx;
-        let router = api::router(Arc::clone(&control));
-        let control_task = tokio::spawn(async move {
-            let stop = async move {
-                let _ = control_shutdown.changed().await;
-            };
-            if let Err(err) = axum::serve(control_listener, router).with_graceful_shutdown(stop).await {
-                tracing::error!("control API: {err}");
-            }
-        });
+        if let Some(addr) = config.metrics_listen {
+            let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
+                what: "the metrics listener",
+                addr,
+                source,
+            })?;
+            tracing::info!("GET /metrics open to anyone on {addr} (metrics_listen)");
+            tasks.push(serve_control(listener, None, api::metrics_router(Arc::clone(&control)), shutdown_rx.clone()));
+        }
+        let control_task =
+            serve_control(control_listener, tls.clone(), api::router(Arc::clone(&control)), shutdown_rx);
         if let Some(steering) = steering {
             control.set_policy_control(steering);
         }
@@ -305,7 +336,12 @@ impl Node {
         if config.etcd.is_some() {
             let host = |addr: SocketAddr| config.advertise.clone().unwrap_or_else(|| addr.ip().to_string());
             control.join_cluster(
-                format!("http://{}:{}", host(control_addr), control_addr.port()),
+                format!(
+                    "{}://{}:{}",
+                    if tls.is_some() { "https" } else { "http" },
+                    host(control_addr),
+                    control_addr.port()
+                ),
                 format!("{}:{}", host(data_addr), data_addr.port()),
                 std::time::Duration::from_secs(config.member_ttl_s.max(1)),
             )?;
@@ -313,7 +349,17 @@ impl Node {
             tasks.push(tokio::spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
         }
         let rdma_addr = config.rdma_listen;
-        Ok(Self { control_addr, data_addr, rdma_addr, control, plane, shutdown, tasks })
+        Ok(Self {
+            control_addr,
+            control_tls: tls.is_some(),
+            admin_token_path,
+            data_addr,
+            rdma_addr,
+            control,
+            plane,
+            shutdown,
+            tasks,
+        })
     }
 
     /// Drops root for `user` once devices, DMA memory and ports are held:
@@ -342,7 +388,7 @@ impl Node {
     }
 
     pub fn control_url(&self) -> String {
-        format!("http://{}", self.control_addr)
+        format!("{}://{}", if self.control_tls { "https" } else { "http" }, self.control_addr)
     }
 
     pub fn describe(&self) -> &str {
@@ -360,6 +406,77 @@ impl Node {
         let plane = Arc::clone(&self.plane);
         let _ = tokio::task::spawn_blocking(move || plane.shutdown()).await;
     }
+}
+
+/// Who may call what: operator tokens from `admin_tokens`, or the node's
+/// own `DATA_DIR/admin.token` made at first start (logged, never printed),
+/// operator certificate names, the scraper's metrics tokens.
+fn access_policy(
+    config: &NodeConfig,
+) -> Result<(sluice_control::auth::AccessPolicy, Option<std::path::PathBuf>), NodeError> {
+    use sluice_control::auth::{AccessPolicy, TokenSet};
+    let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
+    if config.insecure {
+        return Ok((AccessPolicy { insecure: true, ..AccessPolicy::default() }, None));
+    }
+    let (operator_tokens, made) = match &config.admin_tokens {
+        Some(path) => (TokenSet::load(path).map_err(access)?, None),
+        None => {
+            let (tokens, path, created) = TokenSet::load_or_create(&config.data_dir).map_err(access)?;
+            if created {
+                tracing::info!(
+                    "made an operator token in {} (mode 0600): sluicectl --admin-token-file {} (or \
+                     SLUICE_ADMIN_TOKEN); give the node --admin-tokens FILE to manage operators yourself",
+                    path.display(),
+                    path.display()
+                );
+            } else {
+                tracing::info!("operator token: {}", path.display());
+            }
+            (tokens, Some(path))
+        }
+    };
+    let metrics_tokens = match &config.metrics_tokens {
+        Some(path) => Some(TokenSet::load(path).map_err(access)?),
+        None => None,
+    };
+    if !config.operator_cert_names.is_empty() && config.tls_client_ca.is_none() {
+        return Err(NodeError::Access("operator_cert_names needs tls_client_ca to verify client certificates".into()));
+    }
+    let policy = AccessPolicy {
+        insecure: false,
+        operator_tokens,
+        operator_cert_names: config.operator_cert_names.clone(),
+        metrics_tokens,
+    };
+    Ok((policy, made))
+}
+
+/// Serves a control API router on `listener` (HTTPS with `tls`) until
+/// shutdown, telling handlers who each connection's peer is.
+fn serve_control(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: axum::Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    use sluice_control::serve::{PeerIdentity, TlsListener};
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        let service = router.into_make_service_with_connect_info::<PeerIdentity>();
+        let served = match tls {
+            None => axum::serve(listener, service).with_graceful_shutdown(stop).await,
+            Some(config) => match TlsListener::new(listener, config) {
+                Ok(listener) => axum::serve(listener, service).with_graceful_shutdown(stop).await,
+                Err(err) => Err(err),
+            },
+        };
+        if let Err(err) = served {
+            tracing::error!("control API: {err}");
+        }
+    })
 }
 
 /// Serves the latency-lane worker socket on a thread of its own (a

@@ -63,7 +63,7 @@ pub async fn run(control: Arc<ControlPlane>, mut shutdown: watch::Receiver<bool>
 /// revoked when done.
 async fn copy(control: &Arc<ControlPlane>, job: &ReplicaJob) -> Result<u64, String> {
     let client = format!("node:{}", control.node_id().unwrap_or("?"));
-    let grant = control.issue_grant(&job.name, &client).map_err(|e| e.to_string())?;
+    let grant = control.issue_grant(&job.name, &client, None).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     let mut copied = None;
     for source in &job.sources {

@@ -14,14 +14,16 @@
 //! ```
 
 pub mod blocking;
+pub mod http;
 pub mod loader;
 pub mod sampler;
 mod transport;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::join_all;
+use http::ControlHttp;
+pub use sluice_rdma::tls::ClientTlsFiles;
 use sluice_dataplane::plan::footprint_bound_bytes;
 use sluice_rdma::tcp::TransportError;
 use sluice_rdma::wire::RangeDescriptor;
@@ -40,7 +42,6 @@ mod zerocopy_le {
 /// Ranges longer than this travel as several pieces, so any range fits a
 /// wire batch.
 const RANGE_PIECE_BYTES_MAX: u32 = 4 << 20;
-const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One range of a batch: `len` bytes at dataset byte `offset`, placed at
 /// `dest` in the caller's buffer.
@@ -80,40 +81,26 @@ pub const TOKEN_ENV: &str = "SLUICE_TOKEN";
 
 /// A connection to one node.
 pub struct Client {
-    endpoint: String,
+    /// Its control API, with the trust this client was given.
+    http: ControlHttp,
+    tls_files: ClientTlsFiles,
     node: NodeInfo,
     transport: Arc<Transport>,
     transport_reason: String,
     choice: TransportChoice,
 }
 
-fn http_get(endpoint: &str, path: &str) -> Result<ureq::Response, ClientError> {
-    let url = format!("{}{path}", endpoint.trim_end_matches('/'));
-    ureq::get(&url).timeout(HTTP_TIMEOUT).call().map_err(|err| ClientError::Control {
-        endpoint: endpoint.to_string(),
-        message: match err {
-            ureq::Error::Status(code, response) => {
-                format!("{code}: {}", response.into_string().unwrap_or_default())
-            }
-            other => other.to_string(),
-        },
-    })
+/// Fetches a whole binary body off the async threads.
+async fn http_get_bytes(http: &ControlHttp, path: String) -> Result<Vec<u8>, ClientError> {
+    let http = http.clone();
+    let endpoint = http.endpoint().to_string();
+    tokio::task::spawn_blocking(move || http.get_bytes(&path).map_err(|e| control_error(http.endpoint(), e)))
+        .await
+        .map_err(|e| ClientError::Control { endpoint, message: e.to_string() })?
 }
 
-/// A whole binary response body, fetched off the async threads.
-async fn http_get_bytes(endpoint: &str, path: String) -> Result<Vec<u8>, ClientError> {
-    let endpoint = endpoint.to_string();
-    let control_error =
-        |endpoint: &str, message: String| ClientError::Control { endpoint: endpoint.to_string(), message };
-    let asked = endpoint.clone();
-    tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut http_get(&asked, &path)?.into_reader(), &mut bytes)
-            .map_err(|e| control_error(&asked, e.to_string()))?;
-        Ok(bytes)
-    })
-    .await
-    .map_err(|e| control_error(&endpoint, e.to_string()))?
+fn control_error(endpoint: &str, failure: http::ApiFailure) -> ClientError {
+    ClientError::Control { endpoint: endpoint.to_string(), message: failure.to_string() }
 }
 
 impl Client {
@@ -128,22 +115,37 @@ impl Client {
         Self::connect_with(endpoint, choice).await
     }
 
-    /// As [`Client::connect`], with the transport chosen in code.
+    /// As [`Client::connect`], with the transport chosen in code. TLS
+    /// trust (for `https://` endpoints and TLS data ports) comes from
+    /// `SLUICE_CA_FILE`, `SLUICE_CERT_FILE` and `SLUICE_KEY_FILE`.
     pub async fn connect_with(endpoint: &str, choice: TransportChoice) -> Result<Self, ClientError> {
-        let endpoint = endpoint.to_string();
-        let asked = endpoint.clone();
-        let node: NodeInfo = tokio::task::spawn_blocking(move || {
-            http_get(&asked, "/v1/node")?.into_json().map_err(|e| ClientError::Control {
-                endpoint: asked.clone(),
-                message: format!("bad node description: {e}"),
-            })
-        })
-        .await
-        .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
+        let tls_files = http::tls_files_from_env()
+            .map_err(|message| ClientError::Control { endpoint: endpoint.to_string(), message })?;
+        Self::connect_tls(endpoint, choice, tls_files).await
+    }
+
+    /// As [`Client::connect_with`], with the TLS files named in code.
+    pub async fn connect_tls(
+        endpoint: &str,
+        choice: TransportChoice,
+        tls_files: ClientTlsFiles,
+    ) -> Result<Self, ClientError> {
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        let http = ControlHttp::new(&endpoint, &tls_files).map_err(|e| control_error(&endpoint, e))?;
+        let asking = http.clone();
+        let node: NodeInfo =
+            tokio::task::spawn_blocking(move || asking.get_json("/v1/node").map_err(|e| control_error(asking.endpoint(), e)))
+                .await
+                .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
         let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
-        let (transport, transport_reason) = Transport::connect(&node, choice, &name).await?;
+        let data_tls = if node.data_tls {
+            Some(transport::data_tls(&node, &tls_files).map_err(|e| control_error(&endpoint, e))?)
+        } else {
+            None
+        };
+        let (transport, transport_reason) = Transport::connect(&node, choice, &name, data_tls.as_ref()).await?;
         tracing::debug!("connected to {} over {} ({transport_reason})", node.name, transport.name());
-        Ok(Self { endpoint, node, transport: Arc::new(transport), transport_reason, choice })
+        Ok(Self { http, tls_files, node, transport: Arc::new(transport), transport_reason, choice })
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -175,13 +177,14 @@ impl Client {
     pub async fn open_with(&self, name: &str, options: OpenOptions) -> Result<Dataset, ClientError> {
         let token = options.token.or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
         let (handle, info) = self.transport.open(name, token.clone()).await?;
+        let http = self.http.clone().with_bearer(token.as_deref());
         let chunk_crcs = if options.verify_chunks {
-            let bytes = http_get_bytes(&self.endpoint, format!("/v1/datasets/{name}/chunks")).await?;
+            let bytes = http_get_bytes(&http, format!("/v1/datasets/{name}/chunks")).await?;
             Some(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         } else {
             None
         };
-        let session = Session { transport: Arc::clone(&self.transport), handle, endpoint: self.endpoint.clone() };
+        let session = Session { transport: Arc::clone(&self.transport), handle, http };
         Ok(Dataset {
             session: std::sync::RwLock::new(Arc::new(session)),
             info,
@@ -189,6 +192,7 @@ impl Client {
             name: name.to_string(),
             token,
             choice: self.choice,
+            tls_files: self.tls_files.clone(),
             failovers: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -198,7 +202,14 @@ impl Client {
 struct Session {
     transport: Arc<Transport>,
     handle: u32,
-    endpoint: String,
+    /// The node's control API, with this dataset's grant as its bearer.
+    http: ControlHttp,
+}
+
+impl Session {
+    fn endpoint(&self) -> &str {
+        self.http.endpoint()
+    }
 }
 
 /// An open dataset. In a cluster it knows every live node holding a copy
@@ -211,6 +222,7 @@ pub struct Dataset {
     name: String,
     token: Option<String>,
     choice: TransportChoice,
+    tls_files: ClientTlsFiles,
     failovers: std::sync::atomic::AtomicU64,
 }
 
@@ -235,7 +247,7 @@ impl Dataset {
 
     /// The control endpoint of the node serving this dataset now.
     pub fn endpoint(&self) -> String {
-        self.session().endpoint.clone()
+        self.session().endpoint().to_string()
     }
 
     /// Times this dataset moved to another node after losing one.
@@ -250,14 +262,14 @@ impl Dataset {
             return Ok(());
         }
         let replicas = &self.info.replicas;
-        let start = replicas.iter().position(|e| *e == failed.endpoint).map_or(0, |i| i + 1);
+        let start = replicas.iter().position(|e| *e == failed.endpoint()).map_or(0, |i| i + 1);
         let mut last = None;
         for endpoint in replicas.iter().cycle().skip(start).take(replicas.len()) {
-            if *endpoint == failed.endpoint {
+            if *endpoint == failed.endpoint() {
                 continue;
             }
             let reopened = async {
-                let client = Client::connect_with(endpoint, self.choice).await?;
+                let client = Client::connect_tls(endpoint, self.choice, self.tls_files.clone()).await?;
                 let (handle, info) = client.transport.open(&self.name, self.token.clone()).await?;
                 if info.content_hash != self.info.content_hash {
                     return Err(ClientError::Control {
@@ -265,11 +277,12 @@ impl Dataset {
                         message: format!("serves other content for {} ({})", self.name, info.content_hash),
                     });
                 }
-                Ok(Session { transport: client.transport, handle, endpoint: endpoint.clone() })
+                let http = client.http.clone().with_bearer(self.token.as_deref());
+                Ok(Session { transport: client.transport, handle, http })
             };
             match reopened.await {
                 Ok(session) => {
-                    tracing::warn!("{}: lost {} ({cause}); reading from {endpoint}", self.name, failed.endpoint);
+                    tracing::warn!("{}: lost {} ({cause}); reading from {endpoint}", self.name, failed.endpoint());
                     if let Ok(mut current) = self.session.write() {
                         if Arc::ptr_eq(&current, failed) {
                             *current = Arc::new(session);
@@ -282,7 +295,7 @@ impl Dataset {
             }
         }
         Err(last.unwrap_or_else(|| ClientError::Control {
-            endpoint: failed.endpoint.clone(),
+            endpoint: failed.endpoint().to_string(),
             message: format!("lost ({cause}) and no other node holds {}", self.name),
         }))
     }
@@ -313,7 +326,7 @@ impl Dataset {
     /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
-        let bytes = http_get_bytes(&self.endpoint(), format!("/v1/datasets/{}/index", self.name)).await?;
+        let bytes = http_get_bytes(&self.session().http, format!("/v1/datasets/{}/index", self.name)).await?;
         Ok(bytes
             .chunks_exact(16)
             .map(|e| {

@@ -11,7 +11,8 @@ use std::str::FromStr;
 
 #[cfg(feature = "rdma")]
 use sluice_rdma::rc::{RdmaClient, RegisteredBuffer};
-use sluice_rdma::tcp::{NodeLimits, TcpClient, TransportError};
+use sluice_rdma::tcp::{NodeLimits, TcpClient, TlsConnect, TransportError};
+use sluice_rdma::tls::ClientTlsFiles;
 use sluice_rdma::{NodeInfo, OpenInfo};
 
 use crate::ClientError;
@@ -64,6 +65,17 @@ pub(crate) enum Transport {
     Rdma(RdmaClient),
 }
 
+/// How to reach `node`'s TLS data port: the trust given for its control
+/// API, and the data address's host as the name its certificate carries.
+pub(crate) fn data_tls(node: &NodeInfo, files: &ClientTlsFiles) -> Result<TlsConnect, crate::http::ApiFailure> {
+    let failure = |message: String| crate::http::ApiFailure { status: None, code: None, message };
+    let addr: std::net::SocketAddr =
+        node.data_addr.parse().map_err(|_| failure(format!("data address {:?} is not host:port", node.data_addr)))?;
+    let config = sluice_rdma::tls::client_config(files).map_err(|e| failure(e.to_string()))?;
+    let server_name = sluice_rdma::tls::server_name(&addr.ip().to_string()).map_err(|e| failure(e.to_string()))?;
+    Ok(TlsConnect { config, server_name })
+}
+
 /// Why RDMA cannot be used from this host to `node`, if it cannot.
 fn rdma_unavailable(node: &NodeInfo) -> Option<String> {
     if !cfg!(feature = "rdma") {
@@ -86,12 +98,13 @@ impl Transport {
         node: &NodeInfo,
         choice: TransportChoice,
         client_name: &str,
+        tls: Option<&TlsConnect>,
     ) -> Result<(Self, String), ClientError> {
         let unavailable = rdma_unavailable(node);
         match (choice, unavailable) {
             (TransportChoice::Rdma, Some(why)) => return Err(ClientError::Rdma(why)),
-            (TransportChoice::Tcp, _) => return Ok((Self::tcp(node, client_name).await?, "asked for tcp".into())),
-            (TransportChoice::Auto, Some(why)) => return Ok((Self::tcp(node, client_name).await?, why)),
+            (TransportChoice::Tcp, _) => return Ok((Self::tcp(node, client_name, tls).await?, "asked for tcp".into())),
+            (TransportChoice::Auto, Some(why)) => return Ok((Self::tcp(node, client_name, tls).await?, why)),
             (_, None) => {}
         }
         #[cfg(feature = "rdma")]
@@ -107,7 +120,7 @@ impl Transport {
                 Err(err) => {
                     tracing::warn!("RDMA to {addr} failed, using TCP: {err}");
                     let why = format!("RDMA to {addr} failed: {err}");
-                    return Ok((Self::tcp(node, client_name).await?, why));
+                    return Ok((Self::tcp(node, client_name, tls).await?, why));
                 }
             }
         }
@@ -115,13 +128,13 @@ impl Transport {
         Err(ClientError::Rdma("this build has no RDMA support".into()))
     }
 
-    async fn tcp(node: &NodeInfo, client_name: &str) -> Result<Self, ClientError> {
+    async fn tcp(node: &NodeInfo, client_name: &str, tls: Option<&TlsConnect>) -> Result<Self, ClientError> {
         let addr = node.data_addr.parse().map_err(|_| ClientError::BadAddress(node.data_addr.clone()))?;
         let source = match std::env::var(SOURCE_ADDR_ENV) {
             Ok(text) => Some(text.parse().map_err(|_| ClientError::BadAddress(format!("{SOURCE_ADDR_ENV}={text}")))?),
             Err(_) => None,
         };
-        Ok(Self::Tcp(TcpClient::connect_from(addr, source, client_name).await?))
+        Ok(Self::Tcp(TcpClient::connect_secured(addr, source, client_name, tls).await?))
     }
 
     pub(crate) fn name(&self) -> &'static str {

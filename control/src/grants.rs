@@ -27,6 +27,10 @@ pub struct GrantRecord {
     /// blake3 of the token, hex.
     pub token_hash: String,
     pub created_unix_ms: u64,
+    /// When set, the token opens only from a TLS client certificate with
+    /// this CN (mTLS): a token copied elsewhere opens nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_name: Option<String>,
 }
 
 /// What the API shows of a grant (never the token's hash).
@@ -36,6 +40,9 @@ pub struct GrantView {
     pub client: String,
     pub dataset: String,
     pub created_unix_ms: u64,
+    /// The client certificate CN the grant is bound to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_name: Option<String>,
     /// Present only in the answer to the request that created the grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -48,6 +55,7 @@ impl From<&GrantRecord> for GrantView {
             client: record.client.clone(),
             dataset: record.dataset.clone(),
             created_unix_ms: record.created_unix_ms,
+            cert_name: record.cert_name.clone(),
             token: None,
         }
     }

@@ -3,6 +3,7 @@
 //! the resolver the data-plane transports open datasets through.
 
 pub mod api;
+pub mod auth;
 pub mod catalog;
 pub mod cluster;
 pub mod etcd;
@@ -14,12 +15,14 @@ pub mod metrics;
 mod node;
 pub mod npy;
 pub mod nvme;
+pub mod openapi;
+pub mod serve;
 pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
 pub use node::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool,
-    PolicyControl, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
+    PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };
 pub use sluice_rdma::NodeInfo;

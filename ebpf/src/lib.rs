@@ -7,6 +7,7 @@
 //! `bpf/build.sh`), so the node builds without clang; a test rebuilds it
 //! from source where clang exists and fails if the two differ.
 
+pub mod policy_check;
 pub mod steer;
 pub mod uring;
 

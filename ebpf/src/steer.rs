@@ -56,6 +56,8 @@ pub enum SteerError {
     Missing(&'static str),
     #[error("policy object is {0} bytes; at most {POLICY_OBJECT_BYTES_MAX}")]
     TooLarge(usize),
+    #[error("{0}")]
+    Refused(#[from] crate::policy_check::PolicyRefusal),
     #[error("{0}: {1}")]
     Os(&'static str, std::io::Error),
 }
@@ -205,6 +207,8 @@ impl Steering {
         if object.len() > POLICY_OBJECT_BYTES_MAX {
             return Err(SteerError::TooLarge(object.len()));
         }
+        // Nothing of an object reaches the kernel before it passes.
+        crate::policy_check::check(object)?;
         // aya parses the ELF in place and wants it 8-byte aligned.
         let mut aligned = vec![0u64; object.len().div_ceil(8)];
         aligned.as_mut_bytes()[..object.len()].copy_from_slice(object);

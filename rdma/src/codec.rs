@@ -40,6 +40,10 @@ pub struct NodeInfo {
     /// `ip:port` of the RDMA transport (rdma_cm), when the node serves one.
     #[serde(default)]
     pub rdma_addr: Option<String>,
+    /// The TCP data port speaks TLS: clients connect with the same trust
+    /// (CA file, client certificate) they reach the control API with.
+    #[serde(default)]
+    pub data_tls: bool,
 }
 
 /// What a client learns when it opens a dataset.
@@ -55,11 +59,38 @@ pub struct OpenInfo {
     pub replicas: Vec<String>,
 }
 
+/// A credential (a grant's token): encoded as the plain string, but never
+/// shown by `Debug`, so no log line or error message carries it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(secret: String) -> Self {
+        Self(secret)
+    }
+
+    /// The secret itself, for the one place that checks it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_inner(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ControlMessage {
     Hello { protocol: u32, client: String },
     HelloOk { node: String, ranges_per_batch_max: u32, batch_footprint_max_bytes: u64, credits: u32 },
-    Open { name: String, token: Option<String> },
+    Open { name: String, token: Option<Secret> },
     Opened { handle: u32, info: OpenInfo },
     Close { handle: u32 },
     Error { code: ErrorCode, message: String },
@@ -103,6 +134,14 @@ mod tests {
                 replicas: vec!["http://127.0.0.1:7070".into()],
             },
         };
+        assert_eq!(decode(&encode(&message).expect("encode")).expect("decode"), message);
+    }
+
+    /// A token inside an Open round-trips but never shows in Debug output.
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let message = ControlMessage::Open { name: "a".into(), token: Some(Secret::new("sluice_topsecret".into())) };
+        assert!(!format!("{message:?}").contains("topsecret"));
         assert_eq!(decode(&encode(&message).expect("encode")).expect("decode"), message);
     }
 

@@ -8,6 +8,7 @@ pub mod metrics;
 #[cfg(feature = "rdma")]
 pub mod rc;
 pub mod tcp;
+pub mod tls;
 #[cfg(feature = "rdma")]
 pub mod verbs;
 pub mod wire;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use sluice::readbench::{self, BenchParams, ReadPattern};
+use sluice_client::http::ControlHttp;
 use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::Appended;
 use sluice_control::{npy, DatasetKind, DatasetRecord, DatasetState};
@@ -24,9 +25,27 @@ struct Cli {
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
-    /// Access grant token for reads (`grant create` prints one).
+    /// Access grant token for reads (`grant create` prints one), or @FILE
+    /// to read it from a file (so it stays out of `ps`).
     #[arg(long, global = true, env = "SLUICE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Operator token for administrative calls, or @FILE.
+    #[arg(long, global = true, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// A file holding the operator token (the node's DATA_DIR/admin.token,
+    /// or a line of its --admin-tokens file).
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "admin_token")]
+    admin_token_file: Option<PathBuf>,
+    /// CA certificate (PEM) the node's TLS certificate chains to, for
+    /// https:// endpoints and TLS data ports.
+    #[arg(long, global = true, env = "SLUICE_CA_FILE", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// This client's certificate (PEM), for mTLS.
+    #[arg(long, global = true, env = "SLUICE_CERT_FILE", value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The key (PEM) of --cert.
+    #[arg(long, global = true, env = "SLUICE_KEY_FILE", value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
     /// Transport for reads (`read`, `bench read`, `replay`): auto picks RDMA
     /// when this host has a device and the node an RDMA endpoint, else TCP.
     #[arg(long, global = true, env = "SLUICE_TRANSPORT", default_value = "auto", value_parser = ["auto", "rdma", "tcp"])]
@@ -153,6 +172,10 @@ enum GrantCommand {
         /// Who the grant is for (job, host or service identity).
         #[arg(long)]
         client: String,
+        /// Bind the grant to the client certificate with this CN (mTLS):
+        /// its token then opens only from a connection presenting it.
+        #[arg(long, value_name = "CN")]
+        cert_name: Option<String>,
     },
     Ls,
     /// Revoke a grant: new opens fail and open sessions are closed.
@@ -228,12 +251,37 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &Cli) -> Result<()> {
-    let api = Api {
-        endpoint: cli.endpoint.trim_end_matches('/').to_string(),
-        token: cli.token.clone(),
-        transport: cli.transport.parse()?,
+/// A secret given on the command line or in the environment: the value
+/// itself, or `@FILE` for the first line of FILE.
+fn secret(given: Option<&str>, file: Option<&Path>) -> Result<Option<String>> {
+    let read = |path: &Path| -> Result<String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let line = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+        line.map(str::to_string).ok_or_else(|| format!("{} holds no token", path.display()))
     };
+    match (given, file) {
+        (_, Some(path)) => read(path).map(Some),
+        (Some(value), None) => match value.strip_prefix('@') {
+            Some(path) => read(Path::new(path)).map(Some),
+            None => Ok(Some(value.to_string()).filter(|v| !v.is_empty())),
+        },
+        (None, None) => Ok(None),
+    }
+}
+
+fn run(cli: &Cli) -> Result<()> {
+    let token = secret(cli.token.as_deref(), None)?;
+    let admin_token = secret(cli.admin_token.as_deref(), cli.admin_token_file.as_deref())?;
+    let tls_files = sluice_client::ClientTlsFiles {
+        ca: cli.ca_file.clone(),
+        identity: cli.cert.clone().zip(cli.key.clone()),
+    };
+    // Operator calls carry the operator token; a reader's calls (a
+    // dataset's record, its index and chunks) the grant's.
+    let http = ControlHttp::new(&cli.endpoint, &tls_files)
+        .map_err(|e| e.to_string())?
+        .with_bearer(admin_token.as_deref().or(token.as_deref()));
+    let api = Api { http, token, tls_files, transport: cli.transport.parse()? };
     match &cli.command {
         Command::Dataset(command) => dataset(&api, cli.json, command),
         Command::Grant(command) => grant(&api, cli.json, command),
@@ -269,46 +317,34 @@ fn run(cli: &Cli) -> Result<()> {
 }
 
 struct Api {
-    endpoint: String,
+    http: ControlHttp,
     /// The grant token reads open datasets with.
     token: Option<String>,
+    tls_files: sluice_client::ClientTlsFiles,
     transport: sluice_client::TransportChoice,
 }
 
 impl Api {
     async fn connect(&self) -> Result<Client> {
-        Client::connect_with(&self.endpoint, self.transport).await.map_err(|e| e.to_string())
+        Client::connect_tls(self.http.endpoint(), self.transport, self.tls_files.clone())
+            .await
+            .map_err(|e| e.to_string())
     }
 
     fn open_options(&self) -> sluice_client::OpenOptions {
         sluice_client::OpenOptions { token: self.token.clone(), ..Default::default() }
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.endpoint)
-    }
-
     fn call(&self, request: std::result::Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
-        request.map_err(|err| match err {
-            ureq::Error::Status(code, response) => {
-                let body: Option<Value> = response.into_json().ok();
-                let message = body
-                    .as_ref()
-                    .and_then(|b| b["error"]["message"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| format!("HTTP {code}"));
-                let code = body.as_ref().and_then(|b| b["error"]["code"].as_str().map(str::to_string));
-                match code {
-                    Some(code) => format!("{message} ({code})"),
-                    None => message,
-                }
-            }
-            other => format!("cannot reach the node at {}: {other}", self.endpoint),
-        })
+        self.http.call(request).map_err(|e| e.to_string())
     }
 
     fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let response = self.call(ureq::get(&self.url(path)).call())?;
-        response.into_json().map_err(|e| format!("bad answer from {path}: {e}"))
+        self.http.get_json(path).map_err(|e| e.to_string())
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        self.http.request(method, path)
     }
 }
 
@@ -392,14 +428,14 @@ fn policy(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
         PolicyCommand::Load { object } => {
             let bytes = std::fs::read(object).map_err(|e| format!("{}: {e}", object.display()))?;
             let name = object.file_name().map_or_else(|| "policy".into(), |n| n.to_string_lossy().into_owned());
-            let request = ureq::put(&api.url("/v1/policy"))
+            let request = api.request("PUT", "/v1/policy")
                 .query("name", &name)
                 .set("content-type", "application/octet-stream")
                 .send_bytes(&bytes);
             api.call(request)?.into_json().map_err(|e| e.to_string())?
         }
         PolicyCommand::Unload => {
-            api.call(ureq::delete(&api.url("/v1/policy")).call())?.into_json().map_err(|e| e.to_string())?
+            api.call(api.request("DELETE", "/v1/policy").call())?.into_json().map_err(|e| e.to_string())?
         }
     };
     if json {
@@ -449,10 +485,10 @@ fn policy(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
 
 fn grant(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
     match command {
-        GrantCommand::Create { dataset, client } => {
-            let body = serde_json::json!({ "dataset": dataset, "client": client });
+        GrantCommand::Create { dataset, client, cert_name } => {
+            let body = serde_json::json!({ "dataset": dataset, "client": client, "cert_name": cert_name });
             let grant: Value =
-                api.call(ureq::post(&api.url("/v1/grants")).send_json(body))?.into_json().map_err(|e| e.to_string())?;
+                api.call(api.request("POST", "/v1/grants").send_json(body))?.into_json().map_err(|e| e.to_string())?;
             if json {
                 println!("{grant}");
             } else {
@@ -481,7 +517,7 @@ fn grant(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
             }
         }
         GrantCommand::Revoke { id } => {
-            api.call(ureq::delete(&api.url(&format!("/v1/grants/{id}"))).call())?;
+            api.call(api.request("DELETE", &format!("/v1/grants/{id}")).call())?;
             if json {
                 println!("{}", serde_json::json!({ "revoked": id }));
             } else {
@@ -498,7 +534,7 @@ fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
             let body =
                 serde_json::json!({ "name": name, "kind": kind, "record_size": record_size, "size_bytes": size });
             let record: DatasetRecord = api
-                .call(ureq::post(&api.url("/v1/datasets")).send_json(body))?
+                .call(api.request("POST", "/v1/datasets").send_json(body))?
                 .into_json()
                 .map_err(|e| e.to_string())?;
             print_record(&record, json, &format!("created {} ({})", record.name, record.kind));
@@ -532,7 +568,7 @@ fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
         }
         DatasetCommand::Seal { name } => {
             let record: DatasetRecord = api
-                .call(ureq::post(&api.url(&format!("/v1/datasets/{name}/seal"))).call())?
+                .call(api.request("POST", &format!("/v1/datasets/{name}/seal")).call())?
                 .into_json()
                 .map_err(|e| e.to_string())?;
             let hash = record.content_hash.clone().unwrap_or_default();
@@ -564,7 +600,7 @@ fn dataset(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
             print_record(&record, json, &pretty);
         }
         DatasetCommand::Rm { name } => {
-            api.call(ureq::delete(&api.url(&format!("/v1/datasets/{name}"))).call())?;
+            api.call(api.request("DELETE", &format!("/v1/datasets/{name}")).call())?;
             if json {
                 println!("{}", serde_json::json!({ "deleted": name }));
             } else {
@@ -587,8 +623,8 @@ fn print_record(record: &DatasetRecord, json: bool, human: &str) {
 fn stage_index(api: &Api, name: &str, path: &Path) -> Result<()> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let npy = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
-    let url = api.url(&format!("/v1/datasets/{name}/index"));
-    let request = ureq::post(&url)
+    let request = api
+        .request("POST", &format!("/v1/datasets/{name}/index"))
         .query("format", if npy { "npy" } else { "raw" })
         .set("Content-Type", "application/octet-stream")
         .send_bytes(&bytes);
@@ -623,8 +659,8 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
     let reader = CrcReader { inner: progress.wrap_read(file), skip: data_offset, crc: 0 };
     let crc = Arc::new(std::sync::Mutex::new(0u32));
     let reader = SharedCrc { reader, out: Arc::clone(&crc) };
-    let url = api.url(&format!("/v1/datasets/{name}/ingest"));
-    let request = ureq::post(&url)
+    let request = api
+        .request("POST", &format!("/v1/datasets/{name}/ingest"))
         .query("format", if npy { "npy" } else { "raw" })
         .set("Content-Type", "application/octet-stream")
         .send(reader);
@@ -833,7 +869,7 @@ fn replay(
 
 fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
     let report: sluice_control::ScrubReport = api
-        .call(ureq::post(&api.url(&format!("/v1/datasets/{name}/scrub"))).call())?
+        .call(api.request("POST", &format!("/v1/datasets/{name}/scrub")).call())?
         .into_json()
         .map_err(|e| e.to_string())?;
     if json {

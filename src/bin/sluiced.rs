@@ -66,10 +66,35 @@ struct Args {
     /// policy decides; 0 for a single (bulk) lane.
     #[arg(long, value_name = "BYTES")]
     latency_lane_max_bytes: Option<u64>,
-    /// Serve without access grants (local development only): any client
-    /// that reaches the data port reads any sealed dataset.
+    /// No access control (local development only): the control API checks
+    /// no credential, any client that reaches the data port reads any
+    /// sealed dataset, and listeners off loopback need no TLS.
     #[arg(long)]
     insecure: bool,
+    /// Operator tokens, one per line (a token or blake3:<hex>), in a file
+    /// only the node's user can read [default: DATA_DIR/admin.token, made
+    /// at first start].
+    #[arg(long, value_name = "FILE")]
+    admin_tokens: Option<PathBuf>,
+    /// PEM certificate chain: the control API serves HTTPS.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA of client certificates (mTLS): their CN names an operator
+    /// (operator_cert_names) or the holder of a bound grant.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve TLS on the TCP data port too, with --tls-cert.
+    #[arg(long)]
+    data_tls: bool,
+    /// Let operators swap the steering policy at run time (PUT /v1/policy).
+    #[arg(long)]
+    policy_load: bool,
+    /// Serve GET /metrics, unauthenticated, on this address of its own.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<SocketAddr>,
     /// Keep the catalog in etcd at this endpoint (e.g. http://127.0.0.1:2379),
     /// shared with the other nodes of the cluster.
     #[arg(long, value_name = "URL")]
@@ -94,6 +119,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Everything the node creates (namespaces, catalog, indexes, tokens)
+    // is its own: files 0600, directories 0700.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -132,6 +160,21 @@ fn main() -> ExitCode {
         config.latency_lane_max_bytes = bytes;
     }
     config.insecure |= args.insecure;
+    config.data_tls |= args.data_tls;
+    config.policy_load |= args.policy_load;
+    if args.admin_tokens.is_some() {
+        config.admin_tokens = args.admin_tokens;
+    }
+    if args.tls_cert.is_some() {
+        config.tls_cert = args.tls_cert;
+        config.tls_key = args.tls_key;
+    }
+    if args.tls_client_ca.is_some() {
+        config.tls_client_ca = args.tls_client_ca;
+    }
+    if args.metrics_listen.is_some() {
+        config.metrics_listen = args.metrics_listen;
+    }
     if args.etcd.is_some() {
         config.etcd = args.etcd;
     }

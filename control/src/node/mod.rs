@@ -14,6 +14,7 @@ use sluice_rdma::metrics::DatasetCounters;
 use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
 use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
+use crate::auth::AccessPolicy;
 use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 use crate::cluster::{EtcdCatalog, Membership, REMOTE_KIND};
 use crate::grants::{self, GrantRecord, GrantView};
@@ -59,6 +60,8 @@ pub enum ControlError {
     Steering(String),
     #[error("policy refused: {0}")]
     BadPolicy(String),
+    #[error("loading steering policies is off on this node (start it with policy_load = true in its config)")]
+    PolicyLoadOff,
     #[error("dataset {name:?} has no complete copy on this node; read it from {}", if elsewhere.is_empty() { "a node that holds it (none is live now)".to_string() } else { elsewhere.join(", ") })]
     Elsewhere { name: String, elsewhere: Vec<String> },
     #[error("{0}")]
@@ -78,6 +81,7 @@ impl ControlError {
             Self::UnknownGrant(_) => "unknown_grant",
             Self::Steering(_) => "steering_off",
             Self::BadPolicy(_) => "bad_policy",
+            Self::PolicyLoadOff => "policy_load_off",
             Self::Catalog(_) => "catalog",
             Self::Ingest(IngestError::NoSpace { .. }) => "no_space",
             Self::Ingest(_) => "bad_input",
@@ -128,12 +132,16 @@ pub struct ControlPlane {
     info: RwLock<NodeInfo>,
     trace: RwLock<Option<TraceSource>>,
     policy: RwLock<Option<Arc<dyn PolicyControl>>>,
+    policy_rules: RwLock<PolicyRules>,
     /// Grants by token hash, mirrored from the catalog.
     grants: RwLock<HashMap<String, GrantRecord>>,
     /// Bumped at every revocation; sessions re-check their grants.
     revocations: tokio::sync::watch::Sender<u64>,
-    /// Serve without grants (local development only).
-    insecure: std::sync::atomic::AtomicBool,
+    /// Who may call what (operator tokens and certificates, `--insecure`).
+    access: RwLock<Arc<AccessPolicy>>,
+    /// When a grant-table refresh was last made for an unknown token (in a
+    /// cluster), so a stream of bad tokens costs etcd one read a second.
+    unknown_token_refreshed: Mutex<Option<std::time::Instant>>,
     /// Serving counters per dataset name, shared with the transports.
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
@@ -197,6 +205,16 @@ pub trait PolicyControl: Send + Sync {
 
 /// Largest policy object `PUT /v1/policy` takes.
 pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
+
+/// Whether policies may be loaded through the API, and which.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyRules {
+    /// `policy_load = true`: operators may swap the policy at run time.
+    pub load_enabled: bool,
+    /// `policy_allowlist`: the sha256 of every object that may be loaded;
+    /// any object passing the checks when `None`.
+    pub allowlist: Option<Vec<[u8; 32]>>,
+}
 const STEERING_OFF: &str = "lane steering is off: start sluiced with --ebpf (as root)";
 
 /// Marks a dataset busy for the life of one ingest, seal or delete.
@@ -289,7 +307,9 @@ impl ControlPlane {
             policy: RwLock::new(None),
             grants: RwLock::new(HashMap::new()),
             revocations: tokio::sync::watch::Sender::new(0),
-            insecure: std::sync::atomic::AtomicBool::new(false),
+            access: RwLock::new(Arc::new(AccessPolicy::default())),
+            policy_rules: RwLock::new(PolicyRules::default()),
+            unknown_token_refreshed: Mutex::new(None),
             serving: Mutex::new(HashMap::new()),
         };
         control.recover()?;
@@ -372,15 +392,40 @@ impl ControlPlane {
         }
     }
 
-    /// Swaps in the policy in `object`.
+    /// Whether operators may load policies at run time, and which objects.
+    pub fn set_policy_rules(&self, rules: PolicyRules) {
+        if let Ok(mut current) = self.policy_rules.write() {
+            *current = rules;
+        }
+    }
+
+    /// Swaps in the policy in `object`: only where the config allows
+    /// loading, only an object on the allowlist when there is one; the
+    /// steering side then checks what the object would do in the kernel.
     pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, ControlError> {
+        let rules = self.policy_rules.read().map(|r| r.clone()).unwrap_or_default();
+        if !rules.load_enabled {
+            return Err(ControlError::PolicyLoadOff);
+        }
         if object.is_empty() || object.len() > POLICY_OBJECT_BYTES_MAX {
             return Err(ControlError::BadPolicy(format!(
                 "a policy object is 1 to {POLICY_OBJECT_BYTES_MAX} bytes; got {}",
                 object.len()
             )));
         }
-        self.policy_control()?.load(name, object).map_err(ControlError::BadPolicy)
+        if let Some(allowed) = &rules.allowlist {
+            use sha2::Digest;
+            let digest: [u8; 32] = sha2::Sha256::digest(object).into();
+            if !allowed.contains(&digest) {
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                return Err(ControlError::BadPolicy(format!(
+                    "object sha256:{hex} is not on this node's policy_allowlist"
+                )));
+            }
+        }
+        let loaded = self.policy_control()?.load(name, object).map_err(ControlError::BadPolicy)?;
+        tracing::warn!(policy = name, "steering policy loaded through the control API");
+        Ok(loaded)
     }
 
     /// Detaches the steering policy.
@@ -1004,22 +1049,66 @@ impl ControlPlane {
         render(&samples, &gauges)
     }
 
-    /// Serve without grants: every client that reaches the data port reads
-    /// every sealed dataset. For local development; the node says so.
-    pub fn set_insecure(&self, insecure: bool) {
-        self.insecure.store(insecure, std::sync::atomic::Ordering::Relaxed);
+    /// Who may call what. With `insecure`, every client that reaches the
+    /// data port reads every sealed dataset and the control API checks no
+    /// credential: for local development; the node says so.
+    pub fn set_access(&self, policy: AccessPolicy) {
+        if let Ok(mut access) = self.access.write() {
+            *access = Arc::new(policy);
+        }
+    }
+
+    pub fn access(&self) -> Arc<AccessPolicy> {
+        self.access.read().map(|a| Arc::clone(&a)).unwrap_or_default()
     }
 
     pub fn insecure(&self) -> bool {
-        self.insecure.load(std::sync::atomic::Ordering::Relaxed)
+        self.access().insecure
     }
 
-    /// Issues a grant of `dataset` to `client`; the answer carries the
-    /// token, which the node does not keep and cannot show again.
-    pub fn issue_grant(&self, dataset: &str, client: &str) -> Result<GrantView, ControlError> {
+    /// The live grant `token` is, if any. In a cluster a token unknown here
+    /// may have been issued on another node: the table is refreshed, at
+    /// most once a second for unknown tokens.
+    pub fn grant_for_token(&self, token: &str) -> Option<GrantRecord> {
+        let hash = grants::token_hash(token);
+        let lookup = || self.grants.read().ok().and_then(|g| g.get(&hash).cloned());
+        if let Some(grant) = lookup() {
+            return Some(grant);
+        }
+        if self.cluster.is_none() || !token.starts_with(grants::TOKEN_PREFIX) {
+            return None;
+        }
+        let due = self.unknown_token_refreshed.lock().is_ok_and(|mut last| {
+            let due = last.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        });
+        if due {
+            self.refresh_grants();
+        }
+        lookup()
+    }
+
+    /// Issues a grant of `dataset` to `client`, optionally bound to the
+    /// client certificate named `cert_name`; the answer carries the token,
+    /// which the node does not keep and cannot show again.
+    pub fn issue_grant(
+        &self,
+        dataset: &str,
+        client: &str,
+        cert_name: Option<&str>,
+    ) -> Result<GrantView, ControlError> {
         if !grants::valid_client(client) {
             return Err(ControlError::BadGrant(format!(
                 "invalid client identity {client:?}: 1-{} printable characters, no spaces",
+                grants::CLIENT_BYTES_MAX
+            )));
+        }
+        if let Some(name) = cert_name.filter(|n| !grants::valid_client(n)) {
+            return Err(ControlError::BadGrant(format!(
+                "invalid certificate name {name:?}: 1-{} printable characters, no spaces",
                 grants::CLIENT_BYTES_MAX
             )));
         }
@@ -1040,6 +1129,7 @@ impl ControlPlane {
             dataset_id: record.id,
             token_hash: grants::token_hash(&token),
             created_unix_ms: now_unix_ms(),
+            cert_name: cert_name.map(str::to_string),
         })?;
         tracing::info!(grant = grant.id, client, dataset, "grant issued");
         let mut view = GrantView::from(&grant);
@@ -1085,8 +1175,15 @@ impl ControlPlane {
     }
 
     /// The grant `token` gives for `dataset` (checked against the dataset's
-    /// id, not only its name), or why there is none.
-    fn check_grant(&self, dataset: &str, token: Option<&str>) -> Result<Option<u64>, OpenError> {
+    /// id, not only its name), or why there is none. An unknown dataset
+    /// and one the grant does not cover get the same answer, so a grant
+    /// holder cannot probe which names exist.
+    fn check_grant(
+        &self,
+        dataset: &str,
+        token: Option<&str>,
+        peer_name: Option<&str>,
+    ) -> Result<Option<u64>, OpenError> {
         if self.insecure() {
             return Ok(None);
         }
@@ -1097,27 +1194,22 @@ impl ControlPlane {
                  `sluicectl grant create {dataset} --client ID` and pass its token, e.g. SLUICE_TOKEN)"
             )));
         };
-        let record = self
-            .catalog
-            .require(dataset)
-            .map_err(|e| OpenError { code: ErrorCode::UnknownDataset, message: e.to_string() })?;
-        let hash = grants::token_hash(token);
-        let known = self.grants.read().is_ok_and(|g| g.contains_key(&hash));
-        if !known && self.cluster.is_some() {
-            // Issued on another node since the last refresh.
-            self.refresh_grants();
-        }
-        let grants = self.grants.read().map_err(|_| denied("grant table unavailable".into()))?;
-        match grants.get(&hash) {
-            Some(grant) if grant.dataset_id == record.id => {
-                tracing::debug!(grant = grant.id, client = grant.client, dataset, "open granted");
-                Ok(Some(grant.id))
-            }
-            Some(_) => Err(denied(format!("the token given is not a grant for {dataset}"))),
-            None => Err(denied(format!(
+        let Some(grant) = self.grant_for_token(token) else {
+            return Err(denied(format!(
                 "the token given for {dataset} is not a grant on this node (revoked or never issued)"
-            ))),
+            )));
+        };
+        if let Some(bound) = grant.cert_name.as_deref().filter(|bound| peer_name != Some(*bound)) {
+            return Err(denied(format!(
+                "this grant is bound to the client certificate {bound:?}; connect over TLS with that certificate"
+            )));
         }
+        let covered = self.catalog.get(dataset).ok().flatten().is_some_and(|record| record.id == grant.dataset_id);
+        if !covered {
+            return Err(denied(format!("this grant does not cover a dataset named {dataset:?}")));
+        }
+        tracing::debug!(grant = grant.id, client = grant.client, dataset, "open granted");
+        Ok(Some(grant.id))
     }
 
     /// Attaches a sealed dataset to the data plane (once) for reading.
@@ -1235,9 +1327,9 @@ impl IngestSession<'_> {
 pub struct Resolver(pub Arc<ControlPlane>);
 
 impl DatasetResolver for Resolver {
-    async fn open(&self, name: String, token: Option<String>) -> Result<Opened, OpenError> {
+    async fn open(&self, name: String, token: Option<String>, peer_name: Option<String>) -> Result<Opened, OpenError> {
         // Access first: nothing is attached for a client without a grant.
-        let grant = self.0.check_grant(&name, token.as_deref())?;
+        let grant = self.0.check_grant(&name, token.as_deref(), peer_name.as_deref())?;
         let (slot, info) = self.0.open_for_read(&name).await.map_err(|err| {
             let code = match &err {
                 ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,

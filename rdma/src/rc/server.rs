@@ -562,7 +562,7 @@ impl<R: DatasetResolver> Session<R> {
                         message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
                     }
                 } else {
-                    match self.resolver.open(name.clone(), token).await {
+                    match self.resolver.open(name.clone(), token.map(crate::codec::Secret::into_inner), None).await {
                         Ok(Opened { slot, info, grant, counters }) => {
                             let handle = self.next_handle;
                             self.next_handle = self.next_handle.wrapping_add(1).max(1);

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_dataplane::RangeStatus;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
@@ -29,6 +28,8 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS with the data port at {addr}: {message}")]
+    Tls { addr: SocketAddr, message: String },
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -69,9 +70,20 @@ pub struct NodeLimits {
     pub credits: u32,
 }
 
+/// The writing half of a connection, plain or TLS.
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// How to reach a node whose data port speaks TLS.
+#[derive(Clone)]
+pub struct TlsConnect {
+    pub config: Arc<rustls::ClientConfig>,
+    /// The name the node's certificate must carry (its host or IP).
+    pub server_name: rustls::pki_types::ServerName<'static>,
+}
+
 /// One connection to a node's data plane.
 pub struct TcpClient {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<Writer>,
     control: tokio::sync::Mutex<()>,
     shared: Arc<Mutex<Shared>>,
     credits: Arc<Semaphore>,
@@ -93,6 +105,16 @@ impl TcpClient {
         source: Option<std::net::IpAddr>,
         client_name: &str,
     ) -> Result<Self, TransportError> {
+        Self::connect_secured(addr, source, client_name, None).await
+    }
+
+    /// As [`TcpClient::connect_from`], over TLS when `tls` is given.
+    pub async fn connect_secured(
+        addr: SocketAddr,
+        source: Option<std::net::IpAddr>,
+        client_name: &str,
+        tls: Option<&TlsConnect>,
+    ) -> Result<Self, TransportError> {
         let connect_error = |source| TransportError::Connect { addr, source };
         let stream = match source {
             None => TcpStream::connect(addr).await.map_err(connect_error)?,
@@ -105,9 +127,21 @@ impl TcpClient {
             }
         };
         stream.set_nodelay(true)?;
-        let (reader, writer) = stream.into_split();
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let reader = tokio::spawn(read_loop(reader, Arc::clone(&shared)));
+        let (reader, writer): (_, Writer) = match tls {
+            None => {
+                let (reader, writer) = stream.into_split();
+                (tokio::spawn(read_loop(reader, Arc::clone(&shared))), Box::new(writer))
+            }
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config));
+                let stream = connector.connect(tls.server_name.clone(), stream).await.map_err(|source| {
+                    TransportError::Tls { addr, message: crate::tls::handshake_error_words(&source) }
+                })?;
+                let (reader, writer) = tokio::io::split(stream);
+                (tokio::spawn(read_loop(reader, Arc::clone(&shared))), Box::new(writer))
+            }
+        };
         let mut client = Self {
             writer: tokio::sync::Mutex::new(writer),
             control: tokio::sync::Mutex::new(()),
@@ -215,7 +249,7 @@ fn poisoned() -> TransportError {
 }
 
 /// Reads frames until the connection ends, then fails whatever is pending.
-async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Mutex<Shared>>) {
+async fn read_loop<Rd: AsyncRead + Unpin>(mut reader: Rd, shared: Arc<Mutex<Shared>>) {
     let why = match read_frames(&mut reader, &shared).await {
         Ok(()) => "node closed the connection".to_string(),
         Err(err) => err.to_string(),
@@ -228,7 +262,7 @@ async fn read_loop(mut reader: OwnedReadHalf, shared: Arc<Mutex<Shared>>) {
     }
 }
 
-async fn read_frames(reader: &mut OwnedReadHalf, shared: &Mutex<Shared>) -> Result<(), TransportError> {
+async fn read_frames<Rd: AsyncRead + Unpin>(reader: &mut Rd, shared: &Mutex<Shared>) -> Result<(), TransportError> {
     let mut statuses = Vec::new();
     loop {
         let Some(header) = read_frame_header(reader).await? else { return Ok(()) };
@@ -257,8 +291,8 @@ async fn read_frames(reader: &mut OwnedReadHalf, shared: &Mutex<Shared>) -> Resu
     }
 }
 
-async fn read_response(
-    reader: &mut OwnedReadHalf,
+async fn read_response<Rd: AsyncRead + Unpin>(
+    reader: &mut Rd,
     shared: &Mutex<Shared>,
     payload_len: u32,
     statuses: &mut Vec<u8>,

@@ -12,7 +12,7 @@ use std::io::{self, IoSlice};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-pub use client::{NodeLimits, ReadSink, TcpClient, TransportError};
+pub use client::{NodeLimits, ReadSink, TcpClient, TlsConnect, TransportError};
 pub use server::{serve, DatasetResolver, OpenError, Opened, ServerConfig};
 
 /// Most iovecs handed to one `writev` (Linux's IOV_MAX).
@@ -47,7 +47,7 @@ async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
 
 /// The request that opens dataset `name` (with a grant's token).
 pub(crate) fn open_request(name: &str, token: Option<String>) -> crate::ControlMessage {
-    crate::ControlMessage::Open { name: name.to_string(), token }
+    crate::ControlMessage::Open { name: name.to_string(), token: token.map(crate::codec::Secret::new) }
 }
 
 /// The handle and dataset facts from the node's answer to an open.

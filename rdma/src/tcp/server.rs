@@ -11,8 +11,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch, SubmitError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -28,7 +27,14 @@ const PROTOCOL: u32 = 1;
 /// Resolves dataset names for `Open` and decides access: the catalog's side
 /// of the server.
 pub trait DatasetResolver: Send + Sync + 'static {
-    fn open(&self, name: String, token: Option<String>) -> impl Future<Output = Result<Opened, OpenError>> + Send;
+    /// Opens `name` for a client that gave `token` and, over TLS with a
+    /// client certificate, is `peer_name` (the certificate's CN).
+    fn open(
+        &self,
+        name: String,
+        token: Option<String>,
+        peer_name: Option<String>,
+    ) -> impl Future<Output = Result<Opened, OpenError>> + Send;
     /// Whether the grant an open was made under still stands.
     fn grant_live(&self, grant: u64) -> bool;
     /// Changes whenever a grant is revoked.
@@ -68,7 +74,13 @@ pub struct ServerConfig {
     /// Counts connections this listener accepted (shared with whoever
     /// reports on the listener: the node's steering, per worker socket).
     pub accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// Serve TLS on this listener (rustls): every byte, statuses and data
+    /// alike, is encrypted and a client certificate names its holder.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
+
+/// How long a TLS client may take over its handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -80,6 +92,7 @@ impl Default for ServerConfig {
             ranges_per_batch_max: wire::RANGES_PER_BATCH_MAX,
             batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
             accepted: Arc::default(),
+            tls: None,
         }
     }
 }
@@ -194,14 +207,36 @@ struct Connection<R> {
 impl<R: DatasetResolver> Connection<R> {
     async fn run(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        let (mut reader, writer) = stream.into_split();
+        let Some(tls) = self.config.tls.clone() else {
+            let (reader, writer) = stream.into_split();
+            return self.serve(reader, writer, None).await;
+        };
+        let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(stream)) => {
+                let peer_name = crate::tls::peer_name(stream.get_ref().1.peer_certificates());
+                let (reader, writer) = tokio::io::split(stream);
+                self.serve(reader, writer, peer_name).await;
+            }
+            Ok(Err(err)) => tracing::info!(peer = %self.peer, "TLS handshake failed: {err}"),
+            Err(_) => tracing::info!(peer = %self.peer, "no TLS handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
+        }
+    }
+
+    /// Serves one connection's frames once its transport (plain or TLS)
+    /// is up; `peer_name` is the client certificate's CN, if any.
+    async fn serve<Rd, Wr>(self, mut reader: Rd, writer: Wr, peer_name: Option<String>)
+    where
+        Rd: AsyncRead + Unpin,
+        Wr: AsyncWrite + Unpin + Send + 'static,
+    {
         let credits = self.config.credits.max(1);
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
         let writer = tokio::spawn(write_loop(writer, out_rx, self.config.write_timeout, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let granted = std::sync::Mutex::new(Vec::new());
         let outcome = tokio::select! {
-            outcome = self.read_loop(&mut reader, &out_tx, &semaphore, &granted) => outcome,
+            outcome = self.read_loop(&mut reader, &out_tx, &semaphore, &granted, &peer_name) => outcome,
             name = self.revoked(&granted) => Err(Fatal::Revoked(name)),
         };
         match outcome {
@@ -234,12 +269,13 @@ impl<R: DatasetResolver> Connection<R> {
         }
     }
 
-    async fn read_loop(
+    async fn read_loop<Rd: AsyncRead + Unpin>(
         &self,
-        reader: &mut OwnedReadHalf,
+        reader: &mut Rd,
         out: &mpsc::Sender<Outgoing>,
         semaphore: &Arc<Semaphore>,
         granted: &std::sync::Mutex<Vec<(u64, String)>>,
+        peer_name: &Option<String>,
     ) -> Result<(), Fatal> {
         let mut handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>, FlowLease)> = HashMap::new();
         let mut next_handle = 1u32;
@@ -273,7 +309,7 @@ impl<R: DatasetResolver> Connection<R> {
                                     message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
                                 }
                             } else {
-                                match self.resolver.open(name.clone(), token).await {
+                                match self.resolver.open(name.clone(), token.map(crate::codec::Secret::into_inner), peer_name.clone()).await {
                                     Ok(Opened { slot, info, grant, counters }) => {
                                         let handle = next_handle;
                                         next_handle = next_handle.wrapping_add(1).max(1);
@@ -364,7 +400,7 @@ type Pending =
     std::pin::Pin<Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>>;
 
 /// Writes control replies in order and batch responses as they complete.
-async fn write_loop(mut writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>, timeout: Duration, peer: SocketAddr) {
+async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut rx: mpsc::Receiver<Outgoing>, timeout: Duration, peer: SocketAddr) {
     let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
     let mut head = Vec::with_capacity(256);
     let mut open = true;
