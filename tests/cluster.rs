@@ -88,7 +88,7 @@ fn start_node(dir: &Path, etcd: &str, id: &str) -> NodeProcess {
 }
 
 fn cluster(node: &NodeProcess) -> Value {
-    match ureq::get(&format!("{}/v1/cluster", node.endpoint)).call() {
+    match node.get("/v1/cluster") {
         Ok(response) => response.into_json().unwrap_or(Value::Null),
         Err(_) => Value::Null,
     }
@@ -269,6 +269,7 @@ fn grant(id: u64) -> GrantRecord {
         dataset_id: 1,
         token_hash: format!("hash-{id}"),
         created_unix_ms: 0,
+        cert_name: None,
     }
 }
 

@@ -320,6 +320,7 @@ impl<S: Send + Sync> FromRequest<S> for ApiBytes {
         description = "Datasets, grants and operations of one sluice node. Errors are {\"error\": {\"code\", \"message\"}} with a stable code. Operators authenticate with a bearer operator token or a client certificate (mTLS); training hosts with the bearer token of a grant."
     ),
     modifiers(&Contract),
+    components(schemas(crate::ingest::IngestFormat)),
     paths(
         node,
         openapi,

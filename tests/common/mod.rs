@@ -15,6 +15,8 @@ pub struct NodeProcess {
     pub endpoint: String,
     pub data_addr: String,
     pub data_dir: PathBuf,
+    /// The operator token a secure node made for itself, if it did.
+    pub admin_token: Option<String>,
 }
 
 impl NodeProcess {
@@ -63,20 +65,46 @@ impl NodeProcess {
         }
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
+        let admin_token =
+            std::fs::read_to_string(data_dir.join("admin.token")).ok().map(|t| t.trim().to_string());
         Self {
             child,
             endpoint: endpoint.expect("endpoint"),
             data_addr: data_addr.expect("data address"),
             data_dir: data_dir.to_path_buf(),
+            admin_token,
         }
     }
 
+    /// Runs sluicectl as the operator (with the node's own operator token
+    /// when it made one).
     pub fn ctl(&self, args: &[&str]) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluicectl"));
+        command.args(["--endpoint", &self.endpoint]).env_remove("SLUICE_TOKEN").env_remove("SLUICE_ADMIN_TOKEN");
+        if let Some(token) = &self.admin_token {
+            command.env("SLUICE_ADMIN_TOKEN", token);
+        }
+        command.args(args).output().expect("run sluicectl")
+    }
+
+    /// Runs sluicectl with no operator credential.
+    pub fn ctl_anonymous(&self, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_sluicectl"))
             .args(["--endpoint", &self.endpoint])
+            .env_remove("SLUICE_TOKEN")
+            .env_remove("SLUICE_ADMIN_TOKEN")
             .args(args)
             .output()
             .expect("run sluicectl")
+    }
+
+    /// `GET path` on the control API as the operator.
+    pub fn get(&self, path: &str) -> Result<ureq::Response, ureq::Error> {
+        let request = ureq::get(&format!("{}{path}", self.endpoint));
+        match &self.admin_token {
+            Some(token) => request.set("Authorization", &format!("Bearer {token}")).call(),
+            None => request.call(),
+        }
     }
 
     /// Runs sluicectl and insists it succeeds.
@@ -93,7 +121,7 @@ impl NodeProcess {
 
     /// One unlabelled gauge from `GET /metrics`.
     pub fn gauge(&self, name: &str) -> Option<f64> {
-        let text = ureq::get(&format!("{}/metrics", self.endpoint)).call().ok()?.into_string().ok()?;
+        let text = self.get("/metrics").ok()?.into_string().ok()?;
         text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
