@@ -298,14 +298,16 @@ mod tests {
         assert!(config.exposure().is_some_and(|why| why.contains("data_tls")));
         config.data_tls = true;
         assert_eq!(config.exposure(), None);
-        let open = NodeConfig { control: "0.0.0.0:7070".parse().expect("addr"), insecure: true, ..NodeConfig::default() };
+        let open =
+            NodeConfig { control: "0.0.0.0:7070".parse().expect("addr"), insecure: true, ..NodeConfig::default() };
         assert_eq!(open.exposure(), None);
     }
 
     #[test]
     fn allowlist_entries_are_digests() {
         let hex = "ab".repeat(32);
-        let config = NodeConfig { policy_allowlist: vec![format!("sha256:{hex}"), hex.clone()], ..NodeConfig::default() };
+        let config =
+            NodeConfig { policy_allowlist: vec![format!("sha256:{hex}"), hex.clone()], ..NodeConfig::default() };
         assert_eq!(config.policy_digests().expect("parse").map(|d| d.len()), Some(2));
         let bad = NodeConfig { policy_allowlist: vec!["sha256:xyz".into()], ..NodeConfig::default() };
         assert!(bad.policy_digests().is_err());

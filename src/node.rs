@@ -128,8 +128,7 @@ impl Node {
             Some(files) => Some(sluice_rdma::tls::server_config(files).map_err(|e| NodeError::Tls(e.to_string()))?),
             None => None,
         };
-        let data_dir_error =
-            |source| NodeError::DataDir { path: config.data_dir.display().to_string(), source };
+        let data_dir_error = |source| NodeError::DataDir { path: config.data_dir.display().to_string(), source };
         std::fs::create_dir_all(&config.data_dir).map_err(data_dir_error)?;
         // The data directory is the node's alone: datasets, catalog and
         // tokens are readable through it by nobody else.
@@ -316,8 +315,7 @@ impl Node {
             tracing::info!("GET /metrics open to anyone on {addr} (metrics_listen)");
             tasks.push(serve_control(listener, None, api::metrics_router(Arc::clone(&control)), shutdown_rx.clone()));
         }
-        let control_task =
-            serve_control(control_listener, tls.clone(), api::router(Arc::clone(&control)), shutdown_rx);
+        let control_task = serve_control(control_listener, tls.clone(), api::router(Arc::clone(&control)), shutdown_rx);
         if let Some(steering) = steering {
             control.set_policy_control(steering);
         }

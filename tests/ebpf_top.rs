@@ -72,7 +72,7 @@ fn steering_follows_the_policy_and_swaps_at_run_time() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = NodeProcess::start_with(&dir.path().join("node"), &["--ebpf"]);
+    let node = NodeProcess::start_with(&dir.path().join("node"), &["--ebpf", "--policy-load"]);
     let shown = policy(&node);
     assert_eq!(shown["available"], true, "steering did not start as root: {shown}");
     assert_eq!(shown["policy"]["name"], "default");
@@ -116,6 +116,30 @@ fn steering_follows_the_policy_and_swaps_at_run_time() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("bad_policy"), "{stderr}");
     assert_eq!(policy(&node)["policy"]["name"], "all_bulk.bpf.o");
+
+    // Hostile objects are refused with the reason before anything reaches
+    // the kernel, and the running policy keeps deciding.
+    let swaps = policy(&node)["swaps"].clone();
+    for (name, reason) in [
+        ("kprobe", "a (non-sleepable) uprobe"),
+        ("tracepoint", "a (non-sleepable) uprobe"),
+        ("write_user", "bpf_probe_write_user"),
+        ("read_kernel", "bpf_probe_read_kernel"),
+        ("extra_map", "map `exfil`"),
+        ("pinned_map", "pinned by name"),
+    ] {
+        let Some(object) = common::hostile_policy(name, dir.path()) else { return };
+        let refused = node.ctl(&["policy", "load", object.to_str().expect("utf-8 path")]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains("bad_policy") && stderr.contains(reason),
+            "{name}: {stderr}"
+        );
+        assert_eq!(policy(&node)["policy"]["name"], "all_bulk.bpf.o", "{name} replaced the policy");
+    }
+    assert_eq!(policy(&node)["swaps"], swaps, "no refused object counted as a swap");
+    first.read_batch(&small_batch(100, 7), &mut buf).expect("read");
+    assert_eq!(trace_batches(&node, "steered", "bulk"), 1 + 4 + 1, "all_bulk still decides after the refusals");
 
     let unloaded = node.ctl_ok(&["policy", "unload"]);
     assert!(unloaded.contains("all_bulk.bpf.o detached"), "{unloaded}");

@@ -38,7 +38,8 @@ fn every_documented_operation_is_served() {
             };
             // The router's own 404/405 say `no_route` / `method_not_allowed`;
             // handlers answer with their own codes.
-            let code = serde_json::from_str::<Value>(&body).ok().and_then(|b| b["error"]["code"].as_str().map(String::from));
+            let code =
+                serde_json::from_str::<Value>(&body).ok().and_then(|b| b["error"]["code"].as_str().map(String::from));
             assert!(
                 !matches!(code.as_deref(), Some("no_route" | "method_not_allowed")),
                 "{method} {path} is documented but not routed ({status} {body})"

@@ -124,9 +124,7 @@ impl ControlHttp {
             ureq::Error::Status(status, response) => {
                 let text = response.into_string().unwrap_or_default();
                 let body: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-                let field = |name: &str| {
-                    body.as_ref().and_then(|b| b["error"][name].as_str().map(str::to_string))
-                };
+                let field = |name: &str| body.as_ref().and_then(|b| b["error"][name].as_str().map(str::to_string));
                 ApiFailure {
                     status: Some(status),
                     code: field("code"),

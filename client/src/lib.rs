@@ -23,9 +23,9 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use http::ControlHttp;
-pub use sluice_rdma::tls::ClientTlsFiles;
 use sluice_dataplane::plan::footprint_bound_bytes;
 use sluice_rdma::tcp::TransportError;
+pub use sluice_rdma::tls::ClientTlsFiles;
 use sluice_rdma::wire::RangeDescriptor;
 pub use sluice_rdma::NodeInfo;
 use sluice_rdma::OpenInfo;
@@ -133,10 +133,11 @@ impl Client {
         let endpoint = endpoint.trim_end_matches('/').to_string();
         let http = ControlHttp::new(&endpoint, &tls_files).map_err(|e| control_error(&endpoint, e))?;
         let asking = http.clone();
-        let node: NodeInfo =
-            tokio::task::spawn_blocking(move || asking.get_json("/v1/node").map_err(|e| control_error(asking.endpoint(), e)))
-                .await
-                .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
+        let node: NodeInfo = tokio::task::spawn_blocking(move || {
+            asking.get_json("/v1/node").map_err(|e| control_error(asking.endpoint(), e))
+        })
+        .await
+        .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
         let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
         let data_tls = if node.data_tls {
             Some(transport::data_tls(&node, &tls_files).map_err(|e| control_error(&endpoint, e))?)

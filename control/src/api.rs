@@ -149,10 +149,30 @@ async fn authorize(State(control): State<Shared>, mut request: Request, next: Ne
         if caller != Caller::Anonymous {
             tracing::info!(method = %request.method(), path, code = refusal.code, "control API refused a call");
         }
+        drain_refused_body(request).await;
         return ApiError::from(refusal).into_response();
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// How much of a refused request's body is read, and for how long, so a
+/// client still sending reaches the refusal instead of a broken pipe.
+const REFUSED_BODY_DRAIN_BYTES_MAX: usize = 1 << 20;
+const REFUSED_BODY_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn drain_refused_body(request: Request) {
+    let mut stream = request.into_body().into_data_stream();
+    let drain = async {
+        let mut drained = 0usize;
+        while let Some(Ok(piece)) = stream.next().await {
+            drained += piece.len();
+            if drained > REFUSED_BODY_DRAIN_BYTES_MAX {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
 }
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -357,7 +377,8 @@ async fn openapi() -> impl IntoResponse {
 
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition (0.0.4)", content_type = "text/plain")))]
 async fn metrics(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
-    let text = tokio::task::spawn_blocking(move || control.metrics_text()).await.map_err(|e| internal(e.to_string()))?;
+    let text =
+        tokio::task::spawn_blocking(move || control.metrics_text()).await.map_err(|e| internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
@@ -404,7 +425,10 @@ pub struct CreateRequest {
 }
 
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = CreateRequest, responses((status = 201, body = crate::catalog::DatasetRecord), (status = 409, body = ApiErrorBody), (status = 507, body = ApiErrorBody)))]
-async fn create(State(control): State<Shared>, ApiJson(request): ApiJson<CreateRequest>) -> Result<impl IntoResponse, ApiError> {
+async fn create(
+    State(control): State<Shared>,
+    ApiJson(request): ApiJson<CreateRequest>,
+) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
     let created = tokio::task::spawn_blocking(move || {
         control.create_with(&request.name, kind, request.record_size, request.size_bytes)
@@ -511,7 +535,8 @@ async fn ingest(
 
 #[utoipa::path(post, path = "/v1/datasets/{name}/seal", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::catalog::DatasetRecord), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
 async fn seal(State(control): State<Shared>, ApiPath(name): ApiPath<String>) -> Result<impl IntoResponse, ApiError> {
-    let record = tokio::task::spawn_blocking(move || control.seal(&name)).await.map_err(|e| internal(e.to_string()))??;
+    let record =
+        tokio::task::spawn_blocking(move || control.seal(&name)).await.map_err(|e| internal(e.to_string()))??;
     Ok(Json(record))
 }
 

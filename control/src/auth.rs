@@ -174,7 +174,11 @@ pub enum Caller {
     Unchecked,
     Operator,
     /// A grant holder: reads one dataset.
-    Reader { grant: u64, dataset: String, dataset_id: u64 },
+    Reader {
+        grant: u64,
+        dataset: String,
+        dataset_id: u64,
+    },
     /// A scraper's metrics token: `GET /metrics` only.
     Scraper,
     /// No credential at all.

@@ -22,10 +22,15 @@ impl utoipa::Modify for Contract {
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             BEARER_SCHEME,
-            SecurityScheme::Http(Http::builder().scheme(HttpAuthScheme::Bearer).description(Some(
-                "An operator token (`--admin-tokens`, `DATA_DIR/admin.token`) or, for one dataset's \
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An operator token (`--admin-tokens`, `DATA_DIR/admin.token`) or, for one dataset's \
                  record, chunks and index, the token of a grant of it.",
-            )).build()),
+                    ))
+                    .build(),
+            ),
         );
         components.add_security_scheme(
             MTLS_SCHEME,
@@ -62,7 +67,10 @@ fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
     RefOr::T(
         ResponseBuilder::new()
             .description(description)
-            .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ApiErrorBody"))).build())
+            .content(
+                "application/json",
+                ContentBuilder::new().schema(Some(Ref::from_schema_name("ApiErrorBody"))).build(),
+            )
             .build(),
     )
 }
@@ -78,9 +86,10 @@ fn describe(operation: &mut Operation, access: Option<Access>, has_path_params: 
         add("401", "No credential, or one that does not authenticate (unauthenticated)");
         add("403", "A valid credential that may not make this call (forbidden)");
     }
-    let has_query = operation.parameters.as_ref().is_some_and(|p| {
-        p.iter().any(|p| matches!(p.parameter_in, utoipa::openapi::path::ParameterIn::Query))
-    });
+    let has_query = operation
+        .parameters
+        .as_ref()
+        .is_some_and(|p| p.iter().any(|p| matches!(p.parameter_in, utoipa::openapi::path::ParameterIn::Query)));
     if has_path_params || has_query {
         add("400", "A path or query parameter that does not parse (bad_request)");
     }

@@ -196,8 +196,11 @@ fn check_maps(parsed: &aya_obj::Object) -> Result<Vec<String>, PolicyRefusal> {
         if map.pinning() != PinningType::None {
             return Err(PolicyRefusal::PinnedMap(name.clone()));
         }
-        let value_ok =
-            if rule.value_size_exact { map.value_size() == rule.value_size } else { map.value_size() <= rule.value_size };
+        let value_ok = if rule.value_size_exact {
+            map.value_size() == rule.value_size
+        } else {
+            map.value_size() <= rule.value_size
+        };
         let shape_ok = map.map_type() == rule.map_type
             && map.key_size() == rule.key_size
             && value_ok

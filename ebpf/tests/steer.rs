@@ -133,7 +133,7 @@ fn policy_decisions_steer_batches_and_swap_at_run_time() {
         let garbage = steering.load_policy("garbage", b"not an ELF object");
         assert!(garbage.is_err(), "garbage loaded");
         let no_policy = steering.load_policy("trace", TRACE_OBJECT).expect_err("trace object is no policy");
-        assert!(no_policy.to_string().contains("lane_decisions"), "{no_policy}");
+        assert!(no_policy.to_string().contains("lane_policy"), "{no_policy}");
         assert_eq!(steering.policy().expect("policy").name, "all_bulk");
         assert_eq!(steering.swaps(), 2);
 

@@ -99,10 +99,11 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &files.client_ca {
         Some(ca) => {
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(Some(ca))?), provider())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(Some(ca))?), provider())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

@@ -272,10 +272,8 @@ fn secret(given: Option<&str>, file: Option<&Path>) -> Result<Option<String>> {
 fn run(cli: &Cli) -> Result<()> {
     let token = secret(cli.token.as_deref(), None)?;
     let admin_token = secret(cli.admin_token.as_deref(), cli.admin_token_file.as_deref())?;
-    let tls_files = sluice_client::ClientTlsFiles {
-        ca: cli.ca_file.clone(),
-        identity: cli.cert.clone().zip(cli.key.clone()),
-    };
+    let tls_files =
+        sluice_client::ClientTlsFiles { ca: cli.ca_file.clone(), identity: cli.cert.clone().zip(cli.key.clone()) };
     // Operator calls carry the operator token; a reader's calls (a
     // dataset's record, its index and chunks) the grant's.
     let http = ControlHttp::new(&cli.endpoint, &tls_files)
@@ -428,7 +426,8 @@ fn policy(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
         PolicyCommand::Load { object } => {
             let bytes = std::fs::read(object).map_err(|e| format!("{}: {e}", object.display()))?;
             let name = object.file_name().map_or_else(|| "policy".into(), |n| n.to_string_lossy().into_owned());
-            let request = api.request("PUT", "/v1/policy")
+            let request = api
+                .request("PUT", "/v1/policy")
                 .query("name", &name)
                 .set("content-type", "application/octet-stream")
                 .send_bytes(&bytes);

@@ -41,14 +41,27 @@ impl NodeProcess {
         Self::spawn(data_dir, extra)
     }
 
+    /// A node that checks access, its log (stderr) written to `log`.
+    pub fn start_secure_logged(data_dir: &Path, extra: &[&str], log: &Path) -> Self {
+        let file = std::fs::File::create(log).expect("log file");
+        Self::spawn_to(data_dir, extra, Stdio::from(file), Some("debug"))
+    }
+
     fn spawn(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn_to(data_dir, extra, Stdio::inherit(), None)
+    }
+
+    fn spawn_to(data_dir: &Path, extra: &[&str], stderr: Stdio, log_filter: Option<&str>) -> Self {
+        let log_filter = log_filter
+            .map(str::to_string)
+            .unwrap_or_else(|| std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn,sluice::node=error".into()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
             .args(extra)
-            .env("SLUICE_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn,sluice::node=error".into()))
+            .env("SLUICE_LOG", log_filter)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn sluiced");
         let stdout = child.stdout.take().expect("stdout");
@@ -65,8 +78,7 @@ impl NodeProcess {
         }
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        let admin_token =
-            std::fs::read_to_string(data_dir.join("admin.token")).ok().map(|t| t.trim().to_string());
+        let admin_token = std::fs::read_to_string(data_dir.join("admin.token")).ok().map(|t| t.trim().to_string());
         Self {
             child,
             endpoint: endpoint.expect("endpoint"),
@@ -200,4 +212,30 @@ pub fn eventually(seconds: u64, mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     check()
+}
+
+/// Compiles the hostile policy `ebpf/tests/hostile/NAME.bpf.c` into `out`
+/// with clang, as `ebpf/bpf/build.sh` compiles the real ones; `None` (and
+/// a failure in CI, which installs clang) when it cannot.
+pub fn hostile_policy(name: &str, out: &Path) -> Option<PathBuf> {
+    let ebpf = Path::new(env!("CARGO_MANIFEST_DIR")).join("ebpf");
+    let object = out.join(format!("{name}.bpf.o"));
+    let status = Command::new("clang")
+        .args(["-target", "bpf", "-g", "-O2"])
+        .arg(format!("-I{}", ebpf.join("include").display()))
+        .arg("-I/usr/include/x86_64-linux-gnu")
+        .arg("-c")
+        .arg(ebpf.join("tests/hostile").join(format!("{name}.bpf.c")))
+        .arg("-o")
+        .arg(&object)
+        .status();
+    match status {
+        Ok(status) if status.success() => Some(object),
+        other => {
+            let why = format!("SKIP: clang could not compile the hostile policy {name} ({other:?})");
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            eprintln!("{why}");
+            None
+        }
+    }
 }

@@ -139,9 +139,10 @@ pub struct ControlPlane {
     revocations: tokio::sync::watch::Sender<u64>,
     /// Who may call what (operator tokens and certificates, `--insecure`).
     access: RwLock<Arc<AccessPolicy>>,
-    /// When a grant-table refresh was last made for an unknown token (in a
-    /// cluster), so a stream of bad tokens costs etcd one read a second.
-    unknown_token_refreshed: Mutex<Option<std::time::Instant>>,
+    /// Grant-table refreshes made for unknown tokens (in a cluster) in the
+    /// current one-second window, so a stream of bad tokens costs etcd at
+    /// most [`UNKNOWN_TOKEN_REFRESHES_PER_S_MAX`] reads a second.
+    unknown_token_refreshes: Mutex<(std::time::Instant, u32)>,
     /// Serving counters per dataset name, shared with the transports.
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
 }
@@ -205,6 +206,9 @@ pub trait PolicyControl: Send + Sync {
 
 /// Largest policy object `PUT /v1/policy` takes.
 pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
+
+/// Most grant-table refreshes a second that unknown tokens may cause.
+const UNKNOWN_TOKEN_REFRESHES_PER_S_MAX: u32 = 8;
 
 /// Whether policies may be loaded through the API, and which.
 #[derive(Clone, Debug, Default)]
@@ -309,7 +313,7 @@ impl ControlPlane {
             revocations: tokio::sync::watch::Sender::new(0),
             access: RwLock::new(Arc::new(AccessPolicy::default())),
             policy_rules: RwLock::new(PolicyRules::default()),
-            unknown_token_refreshed: Mutex::new(None),
+            unknown_token_refreshes: Mutex::new((std::time::Instant::now(), 0)),
             serving: Mutex::new(HashMap::new()),
         };
         control.recover()?;
@@ -1067,8 +1071,8 @@ impl ControlPlane {
     }
 
     /// The live grant `token` is, if any. In a cluster a token unknown here
-    /// may have been issued on another node: the table is refreshed, at
-    /// most once a second for unknown tokens.
+    /// may have been issued on another node: the table is refreshed, a
+    /// bounded number of times a second for unknown tokens.
     pub fn grant_for_token(&self, token: &str) -> Option<GrantRecord> {
         let hash = grants::token_hash(token);
         let lookup = || self.grants.read().ok().and_then(|g| g.get(&hash).cloned());
@@ -1078,12 +1082,12 @@ impl ControlPlane {
         if self.cluster.is_none() || !token.starts_with(grants::TOKEN_PREFIX) {
             return None;
         }
-        let due = self.unknown_token_refreshed.lock().is_ok_and(|mut last| {
-            let due = last.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
-            if due {
-                *last = Some(std::time::Instant::now());
+        let due = self.unknown_token_refreshes.lock().is_ok_and(|mut window| {
+            if window.0.elapsed() >= std::time::Duration::from_secs(1) {
+                *window = (std::time::Instant::now(), 0);
             }
-            due
+            window.1 += 1;
+            window.1 <= UNKNOWN_TOKEN_REFRESHES_PER_S_MAX
         });
         if due {
             self.refresh_grants();
@@ -1094,12 +1098,7 @@ impl ControlPlane {
     /// Issues a grant of `dataset` to `client`, optionally bound to the
     /// client certificate named `cert_name`; the answer carries the token,
     /// which the node does not keep and cannot show again.
-    pub fn issue_grant(
-        &self,
-        dataset: &str,
-        client: &str,
-        cert_name: Option<&str>,
-    ) -> Result<GrantView, ControlError> {
+    pub fn issue_grant(&self, dataset: &str, client: &str, cert_name: Option<&str>) -> Result<GrantView, ControlError> {
         if !grants::valid_client(client) {
             return Err(ControlError::BadGrant(format!(
                 "invalid client identity {client:?}: 1-{} printable characters, no spaces",

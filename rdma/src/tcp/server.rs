@@ -309,7 +309,11 @@ impl<R: DatasetResolver> Connection<R> {
                                     message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
                                 }
                             } else {
-                                match self.resolver.open(name.clone(), token.map(crate::codec::Secret::into_inner), peer_name.clone()).await {
+                                match self
+                                    .resolver
+                                    .open(name.clone(), token.map(crate::codec::Secret::into_inner), peer_name.clone())
+                                    .await
+                                {
                                     Ok(Opened { slot, info, grant, counters }) => {
                                         let handle = next_handle;
                                         next_handle = next_handle.wrapping_add(1).max(1);
@@ -400,7 +404,12 @@ type Pending =
     std::pin::Pin<Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>>;
 
 /// Writes control replies in order and batch responses as they complete.
-async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut rx: mpsc::Receiver<Outgoing>, timeout: Duration, peer: SocketAddr) {
+async fn write_loop<Wr: AsyncWrite + Unpin>(
+    mut writer: Wr,
+    mut rx: mpsc::Receiver<Outgoing>,
+    timeout: Duration,
+    peer: SocketAddr,
+) {
     let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
     let mut head = Vec::with_capacity(256);
     let mut open = true;

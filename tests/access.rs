@@ -1,0 +1,286 @@
+//! The control API's trust boundary, attacked as a stranger and as a
+//! training host would: an unauthenticated caller and the holder of a
+//! grant for dataset A try every administrative call and every read of
+//! dataset B; each is refused (401 `unauthenticated` or 403 `forbidden`)
+//! and the catalog is unchanged afterwards. The grant still reads A
+//! byte-exact. Also: operator tokens at first start and from a file,
+//! listeners off loopback, file modes, metrics access, and tokens kept out
+//! of logs.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::{random_file, sealed_dataset, NodeProcess};
+use serde_json::Value;
+use sluice_client::blocking::Client;
+use sluice_client::{OpenOptions, RangeStatus, ReadRange};
+
+/// One request as `bearer` (none: anonymous): the status and the error
+/// code of the answer.
+fn call(node: &NodeProcess, bearer: Option<&str>, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut request = ureq::request(method, &format!("{}{path}", node.endpoint));
+    if let Some(token) = bearer {
+        request = request.set("Authorization", &format!("Bearer {token}"));
+    }
+    let response = if body.is_empty() {
+        request.call()
+    } else if body.starts_with(b"{") {
+        request.set("Content-Type", "application/json").send_bytes(body)
+    } else {
+        request.set("Content-Type", "application/octet-stream").send_bytes(body)
+    };
+    match response {
+        Ok(response) => (response.status(), String::new()),
+        Err(ureq::Error::Status(status, response)) => {
+            let body: Value = response.into_json().unwrap_or(Value::Null);
+            (status, body["error"]["code"].as_str().unwrap_or("").to_string())
+        }
+        Err(err) => panic!("{method} {path}: {err}"),
+    }
+}
+
+/// Everything an operator can see of the catalog: datasets (with their
+/// state, hash, namespace), grants, and the sample index of B.
+fn catalog_dump(node: &NodeProcess) -> String {
+    let get = |path: &str| node.get(path).expect(path).into_string().expect("body");
+    format!("{}\n{}\n{}", get("/v1/datasets"), get("/v1/grants"), get("/v1/datasets/b/index").len())
+}
+
+fn grant(node: &NodeProcess, dataset: &str, client: &str) -> (u64, String) {
+    let grant: Value =
+        serde_json::from_str(&node.ctl_ok(&["--json", "grant", "create", dataset, "--client", client])).expect("json");
+    (grant["id"].as_u64().expect("id"), grant["token"].as_str().expect("token").to_string())
+}
+
+#[test]
+fn strangers_and_grant_holders_cannot_administer_or_read_other_datasets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start_secure(&dir.path().join("node"));
+    let a_bytes = random_file(&dir.path().join("a.bin"), 200_003, 1);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    random_file(&dir.path().join("b.bin"), 4000, 2);
+    node.ctl_ok(&["dataset", "create", "b", "--kind", "records", "--record-size", "100"]);
+    node.ctl_ok(&["dataset", "ingest", "b", dir.path().join("b.bin").to_str().expect("utf-8")]);
+    node.ctl_ok(&["dataset", "seal", "b"]);
+    let (a_grant, a_token) = grant(&node, "a", "trainer-a");
+    let policy_object = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/bpf/all_bulk.bpf.o")).expect("object");
+    let before = catalog_dump(&node);
+
+    let revoke = format!("/v1/grants/{a_grant}");
+    let attempts: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("POST", "/v1/grants", br#"{"dataset":"a","client":"mallory"}"#.to_vec()),
+        ("POST", "/v1/grants", br#"{"dataset":"b","client":"mallory"}"#.to_vec()),
+        ("GET", "/v1/grants", vec![]),
+        ("DELETE", revoke.as_str(), vec![]),
+        ("DELETE", "/v1/datasets/a", vec![]),
+        ("POST", "/v1/datasets", br#"{"name":"c","kind":"bytes"}"#.to_vec()),
+        ("POST", "/v1/datasets/a/index", 0u64.to_le_bytes().repeat(2)),
+        ("POST", "/v1/datasets/a/ingest", vec![7u8; 4096]),
+        ("POST", "/v1/datasets/a/seal", vec![]),
+        ("POST", "/v1/datasets/a/scrub", vec![]),
+        ("PUT", "/v1/policy", policy_object),
+        ("DELETE", "/v1/policy", vec![]),
+        ("GET", "/v1/policy", vec![]),
+        ("GET", "/v1/datasets", vec![]),
+        ("GET", "/v1/datasets/b", vec![]),
+        ("GET", "/v1/datasets/b/chunks", vec![]),
+        ("GET", "/v1/datasets/b/index", vec![]),
+        ("GET", "/v1/devices", vec![]),
+        ("GET", "/v1/cluster", vec![]),
+        ("GET", "/v1/trace", vec![]),
+        ("GET", "/metrics", vec![]),
+    ];
+    let forged = format!("sluice_{}", "ab".repeat(32));
+    for (who, bearer, expected) in [
+        ("anonymous", None, (401, "unauthenticated")),
+        ("a forged token", Some(forged.as_str()), (401, "unauthenticated")),
+        ("the holder of a grant for a", Some(a_token.as_str()), (403, "forbidden")),
+    ] {
+        for (method, path, body) in &attempts {
+            let (status, code) = call(&node, bearer, method, path, body);
+            assert_eq!((status, code.as_str()), expected, "{who}: {method} {path}");
+        }
+    }
+    assert_eq!(catalog_dump(&node), before, "a refused call changed the catalog");
+
+    // The grant reads what it covers: A's record, chunks and bytes.
+    assert_eq!(call(&node, Some(&a_token), "GET", "/v1/datasets/a", b"").0, 200);
+    assert_eq!(call(&node, Some(&a_token), "GET", "/v1/datasets/a/chunks", b"").0, 200);
+    assert_eq!(call(&node, Some(&a_token), "GET", "/v1/node", b"").0, 200, "node facts stay open");
+    assert_eq!(call(&node, None, "GET", "/v1/node", b"").0, 200);
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let options = OpenOptions { token: Some(a_token.clone()), verify_chunks: true };
+    let dataset = client.open_with("a", options).expect("open a");
+    let mut buf = vec![0u8; a_bytes.len()];
+    let statuses =
+        dataset.read_batch(&[ReadRange { offset: 0, len: a_bytes.len() as u32, dest: 0 }], &mut buf).expect("read");
+    assert_eq!(statuses, [RangeStatus::Ok]);
+    assert!(buf == a_bytes, "a grant reads its dataset byte-exact");
+
+    // A grant holder cannot tell a dataset it may not read from one that
+    // does not exist: over HTTP and on the data plane alike.
+    let (other, _) = call(&node, Some(&a_token), "GET", "/v1/datasets/b", b"");
+    let (missing, _) = call(&node, Some(&a_token), "GET", "/v1/datasets/no-such", b"");
+    assert_eq!((other, missing), (403, 403));
+    let options = || OpenOptions { token: Some(a_token.clone()), ..OpenOptions::default() };
+    let refused_b = client.open_with("b", options()).err().expect("b refused").to_string();
+    let refused_none = client.open_with("no-such", options()).err().expect("no-such refused").to_string();
+    assert_eq!(refused_b.replace("\"b\"", "NAME"), refused_none.replace("\"no-such\"", "NAME"));
+}
+
+#[test]
+fn operator_tokens_come_from_a_private_file_or_the_first_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // First start: a token of its own, private, that sluicectl can use.
+    let node = NodeProcess::start_secure(&dir.path().join("node"));
+    let token_file = dir.path().join("node/admin.token");
+    let mode = std::fs::metadata(&token_file).expect("admin.token made at first start").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let refused = node.ctl_anonymous(&["dataset", "ls"]);
+    assert!(
+        !refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let listed = node.ctl_anonymous(&["--admin-token-file", token_file.to_str().expect("utf-8"), "dataset", "ls"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let at_file = format!("@{}", token_file.display());
+    assert!(node.ctl_anonymous(&["--admin-token", &at_file, "grant", "ls"]).status.success());
+    drop(node);
+
+    // A token file others can read: the node refuses to start.
+    let tokens = dir.path().join("operators");
+    std::fs::write(&tokens, "# operators\nfirst-operator-token-0001\n").expect("write");
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluiced"))
+        .args(["--data-dir", dir.path().join("other").to_str().expect("utf-8")])
+        .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--admin-tokens"])
+        .arg(&tokens)
+        .output()
+        .expect("run sluiced");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("readable by group or others"), "{stderr}");
+
+    // Private, with one token plain and one as its blake3 hash: both work,
+    // and no admin.token is made.
+    let hashed = blake3::hash(b"second-operator-token-02").to_hex();
+    std::fs::write(&tokens, format!("first-operator-token-0001\nblake3:{hashed}\n")).expect("write");
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let data = dir.path().join("other");
+    let node = NodeProcess::start_secure_with(&data, &["--admin-tokens", tokens.to_str().expect("utf-8")]);
+    assert!(!data.join("admin.token").exists());
+    for token in ["first-operator-token-0001", "second-operator-token-02"] {
+        assert_eq!(call(&node, Some(token), "GET", "/v1/datasets", b"").0, 200, "{token}");
+    }
+    assert_eq!(call(&node, Some("first-operator-token-0002"), "GET", "/v1/datasets", b"").0, 401);
+}
+
+#[test]
+fn listeners_off_loopback_need_tls_or_insecure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (flags, missing) in [
+        (["--control", "0.0.0.0:0", "--listen", "127.0.0.1:0"], "tls_cert"),
+        (["--control", "127.0.0.1:0", "--listen", "0.0.0.0:0"], "data_tls"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluiced"))
+            .args(["--data-dir", dir.path().join("node").to_str().expect("utf-8")])
+            .args(flags)
+            .output()
+            .expect("run sluiced");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} started");
+        assert!(stderr.contains("not loopback") && stderr.contains(missing), "{flags:?}: {stderr}");
+        assert!(!dir.path().join("node/admin.token").exists(), "nothing is made before the refusal");
+    }
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
+}
+
+#[test]
+fn what_the_node_writes_is_private() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("node");
+    // A data directory an operator made world-readable is closed at start.
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let node = NodeProcess::start_secure(&data);
+    let records = dir.path().join("r.bin");
+    random_file(&records, 5000, 3);
+    let offsets = dir.path().join("r.offsets");
+    std::fs::write(&offsets, (0..=50u64).flat_map(|i| (i * 100).to_le_bytes()).collect::<Vec<u8>>()).expect("write");
+    node.ctl_ok(&["dataset", "create", "r", "--kind", "records"]);
+    node.ctl_ok(&[
+        "dataset",
+        "ingest",
+        "r",
+        records.to_str().expect("utf-8"),
+        "--index",
+        offsets.to_str().expect("utf-8"),
+    ]);
+    node.ctl_ok(&["dataset", "seal", "r"]);
+    assert_eq!(mode_of(&data), 0o700, "data directory");
+    assert_eq!(mode_of(&data.join("admin.token")), 0o600, "operator token");
+    let mut files = 0;
+    let mut stack = vec![data.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                assert_eq!(mode_of(&path), 0o700, "{}", path.display());
+                stack.push(path);
+            } else {
+                assert_eq!(mode_of(&path), 0o600, "{}", path.display());
+                files += 1;
+            }
+        }
+    }
+    assert!(files >= 4, "catalog, token, namespace and index files: {files}");
+    assert!(data.join("catalog.redb").is_file() && data.join("namespaces").is_dir());
+}
+
+#[test]
+fn metrics_open_to_a_scraper_token_or_address_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("scrapers");
+    std::fs::write(&tokens, "prometheus-scraper-token\n").expect("write");
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, format!("metrics_tokens = {tokens:?}\nmetrics_listen = \"127.0.0.1:{port}\"\n"))
+        .expect("config");
+    let node = NodeProcess::start_secure_with(&dir.path().join("node"), &["--config", config.to_str().expect("utf-8")]);
+    assert_eq!(call(&node, Some("prometheus-scraper-token"), "GET", "/metrics", b"").0, 200);
+    assert_eq!(call(&node, Some("prometheus-scraper-token"), "GET", "/v1/datasets", b""), (403, "forbidden".into()));
+    assert_eq!(call(&node, None, "GET", "/metrics", b"").0, 401);
+    let open = ureq::get(&format!("http://127.0.0.1:{port}/metrics")).call().expect("metrics listener");
+    assert!(open.into_string().expect("text").contains("sluice_datasets"));
+    let other = ureq::get(&format!("http://127.0.0.1:{port}/v1/datasets")).call();
+    assert!(matches!(other, Err(ureq::Error::Status(404, _))), "the metrics listener serves metrics only");
+}
+
+#[test]
+fn tokens_stay_out_of_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("sluiced.log");
+    let node = NodeProcess::start_secure_logged(&dir.path().join("node"), &[], &log);
+    random_file(&dir.path().join("a.bin"), 10_000, 4);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    let (_, token) = grant(&node, "a", "trainer");
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open_with("a", OpenOptions { token: Some(token.clone()), ..OpenOptions::default() });
+    assert!(dataset.is_ok());
+    let wrong = format!("{}0", &token[..token.len() - 1]);
+    let _ = client.open_with("a", OpenOptions { token: Some(wrong.clone()), ..OpenOptions::default() });
+    let _ = call(&node, Some(&wrong), "POST", "/v1/grants", br#"{"dataset":"a","client":"x"}"#);
+    let admin = node.admin_token.clone().expect("operator token");
+    drop(node);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("grant issued"), "the log is at debug level and saw the grant: {text}");
+    for (what, secret) in [("grant token", &token), ("wrong token", &wrong), ("operator token", &admin)] {
+        assert!(!text.contains(&secret[7..]), "the {what} is in the log");
+    }
+}
