@@ -14,15 +14,28 @@ pub struct Client {
 impl Client {
     /// See [`crate::Client::connect`].
     pub fn connect(endpoint: &str) -> Result<Self, ClientError> {
-        Self::build(endpoint, None)
+        Self::build(endpoint, None, None)
     }
 
     /// See [`crate::Client::connect_with`].
     pub fn connect_with(endpoint: &str, choice: TransportChoice) -> Result<Self, ClientError> {
-        Self::build(endpoint, Some(choice))
+        Self::build(endpoint, Some(choice), None)
     }
 
-    fn build(endpoint: &str, choice: Option<TransportChoice>) -> Result<Self, ClientError> {
+    /// See [`crate::Client::connect_tls`].
+    pub fn connect_tls(
+        endpoint: &str,
+        choice: TransportChoice,
+        tls_files: crate::ClientTlsFiles,
+    ) -> Result<Self, ClientError> {
+        Self::build(endpoint, Some(choice), Some(tls_files))
+    }
+
+    fn build(
+        endpoint: &str,
+        choice: Option<TransportChoice>,
+        tls_files: Option<crate::ClientTlsFiles>,
+    ) -> Result<Self, ClientError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("sluice-client")
@@ -30,9 +43,10 @@ impl Client {
             .build()
             .map_err(|e| ClientError::Control { endpoint: endpoint.to_string(), message: format!("runtime: {e}") })?;
         let inner = runtime.block_on(async {
-            match choice {
-                Some(choice) => crate::Client::connect_with(endpoint, choice).await,
-                None => crate::Client::connect(endpoint).await,
+            match (choice, tls_files) {
+                (Some(choice), Some(files)) => crate::Client::connect_tls(endpoint, choice, files).await,
+                (Some(choice), None) => crate::Client::connect_with(endpoint, choice).await,
+                (None, _) => crate::Client::connect(endpoint).await,
             }
         })?;
         Ok(Self { runtime: Arc::new(runtime), inner })
