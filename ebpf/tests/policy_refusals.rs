@@ -42,10 +42,13 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
+/// Whether a refusal is of the expected kind.
+type RefusalKind = fn(&PolicyRefusal) -> bool;
+
 #[test]
 fn hostile_policies_are_refused_with_the_reason() {
     let out = temp_dir();
-    let cases: [(&str, fn(&PolicyRefusal) -> bool, &str); 6] = [
+    let cases: [(&str, RefusalKind, &str); 6] = [
         ("kprobe", |r| matches!(r, PolicyRefusal::ProgramType { .. }), "KProbe"),
         ("tracepoint", |r| matches!(r, PolicyRefusal::ProgramType { .. }), "TracePoint"),
         ("write_user", |r| matches!(r, PolicyRefusal::Helper { .. }), "bpf_probe_write_user"),

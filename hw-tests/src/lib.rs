@@ -15,6 +15,8 @@ mod initramfs;
 mod kernel;
 mod prereq;
 mod rig;
+mod tls;
 
 pub use prereq::{require, Missing};
 pub use rig::{Host, NvmeController, Rig, RigBuilder, RigError, RigOutput, SLUICE_CONTROL_PORT, SLUICE_DATA_PORT};
+pub use tls::RigTls;

@@ -18,7 +18,13 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
     let [(1, dev1), (2, dev2)] = &devices[..] else { panic!("expected namespaces 1 and 2, found {devices:?}") };
     let storage = rig.addr(Host::Storage);
-    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
+    // Off loopback, the node serves TLS on both ports, with a CA made for
+    // this run; the operator's commands carry the token it made itself.
+    let endpoint = format!("https://{storage}:{CONTROL_PORT}");
+    let tls = rig.tls().expect("TLS material");
+    let trust = tls.ctl_args();
+    let operator = format!("--admin-token-file {}", rig.admin_token_file());
+    let auth = |host: Host| if host == Host::Storage { operator.clone() } else { String::new() };
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x51u64);
     let mut data = vec![0u8; DATASET_BYTES];
@@ -27,11 +33,13 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
 
-    rig.start_sluiced(&storage, &format!("--namespace-device {dev1} --namespace-device {dev2}"))
+    rig.start_sluiced(&storage, &format!("--namespace-device {dev1} --namespace-device {dev2} {}", tls.sluiced_args()))
         .expect("start sluiced");
 
     // The operator's side, on the storage host.
-    let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
+    let ctl = |host: Host, args: &str| {
+        rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {trust} {} {args}", auth(host)))
+    };
     ctl(Host::Storage, "dataset create tokens --kind bytes").expect("create");
     ctl(Host::Storage, &format!("dataset ingest tokens {data_file}")).expect("ingest");
     ctl(Host::Storage, "dataset seal tokens").expect("seal");
@@ -54,7 +62,10 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
 
     // Reads need a grant: none, no bytes; the operator issues one.
     let denied = rig
-        .exec(Host::Training, &format!("{sluicectl} --endpoint {endpoint} read tokens --offset 0 --len 1 -o /tmp/none"))
+        .exec(
+            Host::Training,
+            &format!("{sluicectl} --endpoint {endpoint} {trust} read tokens --offset 0 --len 1 -o /tmp/none"),
+        )
         .expect("run read");
     assert!(!denied.success() && denied.stderr.contains("needs a grant"), "{}", denied.stderr);
     let grant: serde_json::Value = serde_json::from_str(
@@ -62,8 +73,9 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
     )
     .expect("grant json");
     let token = grant["token"].as_str().expect("token").to_string();
-    let ctl =
-        |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} --token {token} {args}"));
+    let ctl = |host: Host, args: &str| {
+        rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {trust} {} --token {token} {args}", auth(host)))
+    };
 
     // The training side: random unaligned reads across the wire.
     for i in 0..12 {
@@ -78,7 +90,7 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
         .exec(
             Host::Training,
             &format!(
-                "{sluicectl} --endpoint {endpoint} --token {token} read tokens --offset {DATASET_BYTES} --len 1 -o /tmp/none"
+                "{sluicectl} --endpoint {endpoint} {trust} --token {token} read tokens --offset {DATASET_BYTES} --len 1 -o /tmp/none"
             ),
         )
         .expect("run read");

@@ -53,7 +53,13 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
     let [(1, dev1)] = &devices[..] else { panic!("expected namespace 1, found {devices:?}") };
     let storage = rig.addr(Host::Storage);
-    let endpoint = format!("http://{storage}:{CONTROL_PORT}");
+    // Off loopback, the control API and the TCP data port serve TLS (the
+    // RDMA fabric is trusted, as in every RDMA storage system; grants are
+    // still checked at open).
+    let endpoint = format!("https://{storage}:{CONTROL_PORT}");
+    let tls = rig.tls().expect("TLS material");
+    let trust = tls.ctl_args();
+    let operator = format!("--admin-token-file {}", rig.admin_token_file());
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7d3a);
     let mut data = vec![0u8; DATASET_BYTES];
@@ -62,11 +68,15 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
 
-    rig.start_sluiced(&storage, &format!("--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT}"))
-        .expect("start sluiced");
+    rig.start_sluiced(
+        &storage,
+        &format!("--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT} {}", tls.sluiced_args()),
+    )
+    .expect("start sluiced");
     let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
     assert!(log.contains(&format!("RDMA transport on {storage}:{RDMA_PORT}")), "{log}");
-    let ctl = |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {args}"));
+    let ctl =
+        |host: Host, args: &str| rig.sh(host, &format!("{sluicectl} --endpoint {endpoint} {trust} {operator} {args}"));
     ctl(Host::Storage, "dataset create tokens --kind bytes").expect("create");
     ctl(Host::Storage, &format!("dataset ingest tokens {source}")).expect("ingest");
     ctl(Host::Storage, "dataset seal tokens").expect("seal");
@@ -75,7 +85,9 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let denied = rig
         .exec(
             Host::Training,
-            &format!("{sluicectl} --endpoint {endpoint} --transport rdma read tokens --offset 0 --len 1 -o /tmp/x"),
+            &format!(
+                "{sluicectl} --endpoint {endpoint} {trust} --transport rdma read tokens --offset 0 --len 1 -o /tmp/x"
+            ),
         )
         .expect("run read");
     assert!(!denied.success() && denied.stderr.contains("needs a grant"), "{}", denied.stderr);
@@ -83,7 +95,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         serde_json::from_str(&ctl(Host::Storage, "--json grant create tokens --client trainer").expect("grant"))
             .expect("grant json");
     let token = grant["token"].as_str().expect("token").to_string();
-    let read = format!("{sluicectl} --endpoint {endpoint} --token {token} --transport rdma");
+    let read = format!("{sluicectl} --endpoint {endpoint} {trust} --token {token} --transport rdma");
 
     // The CLI's read: one range, over RDMA, byte-exact.
     let (offset, len) = (1_234_567usize, 3_000_001usize);

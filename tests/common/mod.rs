@@ -111,12 +111,13 @@ impl NodeProcess {
     }
 
     /// `GET path` on the control API as the operator.
-    pub fn get(&self, path: &str) -> Result<ureq::Response, ureq::Error> {
+    pub fn get(&self, path: &str) -> Result<ureq::Response, Box<ureq::Error>> {
         let request = ureq::get(&format!("{}{path}", self.endpoint));
-        match &self.admin_token {
-            Some(token) => request.set("Authorization", &format!("Bearer {token}")).call(),
-            None => request.call(),
-        }
+        let request = match &self.admin_token {
+            Some(token) => request.set("Authorization", &format!("Bearer {token}")),
+            None => request,
+        };
+        request.call().map_err(Box::new)
     }
 
     /// Runs sluicectl and insists it succeeds.

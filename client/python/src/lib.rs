@@ -27,14 +27,33 @@ struct Client {
 #[pymethods]
 impl Client {
     /// `transport`: "auto" (RDMA when possible), "rdma" or "tcp"; when
-    /// omitted, `SLUICE_TRANSPORT` or "auto".
+    /// omitted, `SLUICE_TRANSPORT` or "auto". `ca_file` (PEM) is the CA an
+    /// `https://` node's certificate chains to, `cert_file` and `key_file`
+    /// this client's certificate for mTLS; when omitted, `SLUICE_CA_FILE`,
+    /// `SLUICE_CERT_FILE` and `SLUICE_KEY_FILE`.
     #[new]
-    #[pyo3(signature = (endpoint, transport = None))]
-    fn new(py: Python<'_>, endpoint: String, transport: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (endpoint, transport = None, ca_file = None, cert_file = None, key_file = None))]
+    fn new(
+        py: Python<'_>,
+        endpoint: String,
+        transport: Option<String>,
+        ca_file: Option<std::path::PathBuf>,
+        cert_file: Option<std::path::PathBuf>,
+        key_file: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
         let choice = transport
             .map(|t| t.parse::<sluice_client::TransportChoice>())
             .transpose()
             .map_err(pyo3::exceptions::PyValueError::new_err)?;
+        let mut tls = sluice_client::http::tls_files_from_env().map_err(pyo3::exceptions::PyValueError::new_err)?;
+        if ca_file.is_some() {
+            tls.ca = ca_file;
+        }
+        match (cert_file, key_file) {
+            (Some(cert), Some(key)) => tls.identity = Some((cert, key)),
+            (None, None) => {}
+            _ => return Err(pyo3::exceptions::PyValueError::new_err("cert_file and key_file go together")),
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sluice-client")
@@ -42,10 +61,14 @@ impl Client {
             .build()
             .map_err(io_err)?;
         let connect = async {
-            match choice {
-                Some(choice) => sluice_client::Client::connect_with(&endpoint, choice).await,
-                None => sluice_client::Client::connect(&endpoint).await,
-            }
+            let choice = match choice {
+                Some(choice) => choice,
+                None => match std::env::var(sluice_client::TRANSPORT_ENV) {
+                    Ok(value) if !value.is_empty() => value.parse().map_err(sluice_client::ClientError::Rdma)?,
+                    _ => sluice_client::TransportChoice::Auto,
+                },
+            };
+            sluice_client::Client::connect_tls(&endpoint, choice, tls).await
         };
         let inner = py.allow_threads(|| runtime.block_on(connect)).map_err(io_err)?;
         Ok(Self { runtime: Arc::new(runtime), inner: Arc::new(inner) })

@@ -21,10 +21,13 @@ def _binary(name: str) -> str:
 
 
 class Node:
-    def __init__(self, workdir: pathlib.Path, insecure: bool = True):
+    def __init__(self, workdir: pathlib.Path, insecure: bool = True, extra: "list[str] | None" = None,
+                 ca_file: "str | None" = None):
+        self.workdir = workdir
+        self.ca_file = ca_file
         self.proc = subprocess.Popen(
             [_binary("sluiced"), "--data-dir", str(workdir / "node"), "--listen", "127.0.0.1:0",
-             "--control", "127.0.0.1:0", "--cores", "2"] + (["--insecure"] if insecure else []),
+             "--control", "127.0.0.1:0", "--cores", "2"] + (["--insecure"] if insecure else []) + (extra or []),
             stdout=subprocess.PIPE, text=True, env={**os.environ, "SLUICE_LOG": "warn"},
         )
         self.endpoint = None
@@ -37,8 +40,14 @@ class Node:
         assert self.endpoint, "sluiced did not announce its control API"
 
     def ctl(self, *args: str) -> str:
-        out = subprocess.run([_binary("sluicectl"), "--endpoint", self.endpoint, *args],
-                             capture_output=True, text=True)
+        """sluicectl as the operator (the node's own token, when it made one)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("SLUICE_TOKEN", "SLUICE_ADMIN_TOKEN")}
+        token = self.workdir / "node" / "admin.token"
+        if token.exists():
+            env["SLUICE_ADMIN_TOKEN"] = token.read_text().strip()
+        trust = ["--ca-file", self.ca_file] if self.ca_file else []
+        out = subprocess.run([_binary("sluicectl"), "--endpoint", self.endpoint, *trust, *args],
+                             capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout
 

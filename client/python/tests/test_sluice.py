@@ -154,3 +154,56 @@ def test_reads_need_a_grant_on_a_secure_node(tmp_path, monkeypatch):
         assert sluice.connect(node.endpoint).open("secret").length_bytes == 4096
     finally:
         node.stop()
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificates(directory):
+    """A CA, a node certificate for 127.0.0.1 signed by it, and a second CA
+    that signed nothing: made here with openssl, never committed."""
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+             "-subj", "/CN=sluice-test-ca", "-keyout", str(ca_key), "-out", str(ca),
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    other = directory / "other.pem"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+             "-subj", "/CN=someone-else", "-keyout", str(directory / "other.key"), "-out", str(other),
+             "-addext", "basicConstraints=critical,CA:TRUE")
+    key, csr, cert = directory / "node.key", directory / "node.csr", directory / "node.pem"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=node",
+             "-keyout", str(key), "-out", str(csr))
+    ext = directory / "node.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-days", "2", "-extfile", str(ext), "-out", str(cert))
+    return ca, other, cert, key
+
+
+def test_https_node_with_a_ca_file(tmp_path, monkeypatch):
+    from conftest import Node
+
+    for name in ("SLUICE_TOKEN", "SLUICE_CA_FILE", "SLUICE_CERT_FILE", "SLUICE_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    ca, other, cert, key = _certificates(tmp_path)
+    node = Node(tmp_path, insecure=False, extra=["--tls-cert", str(cert), "--tls-key", str(key), "--data-tls"],
+                ca_file=str(ca))
+    try:
+        assert node.endpoint.startswith("https://")
+        data = tmp_path / "data.bin"
+        data.write_bytes(bytes(range(256)) * 64)
+        node.ctl("dataset", "create", "secret", "--kind", "bytes")
+        node.ctl("dataset", "ingest", "secret", str(data))
+        node.ctl("dataset", "seal", "secret")
+        grant = json.loads(node.ctl("--json", "grant", "create", "secret", "--client", "pytest"))
+        ds = sluice.connect(node.endpoint, ca_file=str(ca)).open("secret", token=grant["token"], verify_chunks=True)
+        assert ds.read_batch([(1000, 24)]).tobytes() == bytes(range(232, 256))
+        # The environment variable works as well.
+        monkeypatch.setenv("SLUICE_CA_FILE", str(ca))
+        assert sluice.connect(node.endpoint).open("secret", token=grant["token"]).length_bytes == 16384
+        monkeypatch.delenv("SLUICE_CA_FILE")
+        with pytest.raises(OSError, match="not trusted"):
+            sluice.connect(node.endpoint, ca_file=str(other))
+    finally:
+        node.stop()

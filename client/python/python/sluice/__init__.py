@@ -52,12 +52,23 @@ class Dataset:
 
 
 class Client:
-    """A connection to one node; ``endpoint`` is its control API URL.
-    ``transport`` is "auto" (RDMA when this host and the node have it),
-    "rdma" or "tcp"; when omitted, ``SLUICE_TRANSPORT`` or "auto"."""
+    """A connection to one node; ``endpoint`` is its control API URL
+    (``http://`` or ``https://``). ``transport`` is "auto" (RDMA when this
+    host and the node have it), "rdma" or "tcp"; when omitted,
+    ``SLUICE_TRANSPORT`` or "auto". ``ca_file`` is the CA (PEM) an https
+    node's certificate chains to, ``cert_file``/``key_file`` this client's
+    certificate for mTLS; when omitted, ``SLUICE_CA_FILE``,
+    ``SLUICE_CERT_FILE`` and ``SLUICE_KEY_FILE``."""
 
-    def __init__(self, endpoint: str, transport: "str | None" = None):
-        self._native = _native.Client(endpoint, transport)
+    def __init__(
+        self,
+        endpoint: str,
+        transport: "str | None" = None,
+        ca_file: "str | None" = None,
+        cert_file: "str | None" = None,
+        key_file: "str | None" = None,
+    ):
+        self._native = _native.Client(endpoint, transport, ca_file, cert_file, key_file)
 
     @property
     def transport(self) -> str:
@@ -74,10 +85,19 @@ class Client:
         return Dataset(self._native.open(name, verify_chunks, token))
 
 
-def connect(endpoint: str, transport: "str | None" = None) -> Client:
+def connect(
+    endpoint: str,
+    transport: "str | None" = None,
+    ca_file: "str | None" = None,
+    cert_file: "str | None" = None,
+    key_file: "str | None" = None,
+) -> Client:
     """Connects to the node whose control API is at ``endpoint``
-    (``http://HOST:PORT``, as ``sluicectl --endpoint``)."""
-    return Client(endpoint, transport)
+    (``http://HOST:PORT`` or ``https://HOST:PORT``, as ``sluicectl
+    --endpoint``). ``ca_file`` is the CA (PEM) an https node's certificate
+    chains to (default ``SLUICE_CA_FILE``); ``cert_file``/``key_file`` a
+    client certificate for mTLS (``SLUICE_CERT_FILE``/``SLUICE_KEY_FILE``)."""
+    return Client(endpoint, transport, ca_file, cert_file, key_file)
 
 
 class WindowLoader:
