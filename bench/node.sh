@@ -11,7 +11,7 @@ start_node() { # extra flags
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
     for _ in $(seq 100); do grep -q "data plane" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
-    export SLUICE_ENDPOINT=$(grep -o 'http://[0-9.:]*' "$WORK/node.out")
+    export SLUICE_ENDPOINT=$(grep -o 'https\?://[0-9.:]*' "$WORK/node.out" | head -1)
 }
 stop_node() { kill "$NODE_PID"; wait "$NODE_PID" || true; }
 

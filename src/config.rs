@@ -322,6 +322,8 @@ mod tests {
         ] {
             let config: NodeConfig = toml::from_str(text).unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
             assert_eq!(config.data_dir, PathBuf::from("/var/lib/sluice"), "deploy/{name}");
+            assert_eq!(config.exposure(), None, "deploy/{name} would be refused at start");
+            assert!(config.control_tls().is_ok_and(|tls| tls.is_some()), "deploy/{name} serves TLS");
         }
         let cluster: NodeConfig = toml::from_str(include_str!("../deploy/sluiced-cluster.toml")).expect("parse");
         assert_eq!((cluster.replicas, cluster.node_id.as_deref()), (2, Some("storage-01")));
