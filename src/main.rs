@@ -130,7 +130,7 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
     let grant = node.control.issue_grant(&name, "quickstart", None).map_err(|e| e.to_string())?;
     println!("granted {name} to client \"quickstart\" (grant {})", grant.id);
     let client = Client::connect(&node.control_url()).await.map_err(|e| e.to_string())?;
-    let options = sluice_client::OpenOptions { token: grant.token, ..Default::default() };
+    let options = sluice_client::OpenOptions { token: grant.token.map(|t| t.into_inner()), ..Default::default() };
     let dataset = Arc::new(client.open_with(&name, options).await.map_err(|e| e.to_string())?);
     check_windows(&dataset, &record.namespace, window_bytes, token_bytes).await?;
 

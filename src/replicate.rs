@@ -67,7 +67,7 @@ async fn copy(control: &Arc<ControlPlane>, job: &ReplicaJob) -> Result<u64, Stri
     let mut failures = Vec::new();
     let mut copied = None;
     for source in &job.sources {
-        match copy_from(control, job, source, grant.token.clone()).await {
+        match copy_from(control, job, source, grant.token.clone().map(|t| t.into_inner())).await {
             Ok(bytes) => {
                 copied = Some(bytes);
                 break;

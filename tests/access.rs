@@ -284,3 +284,28 @@ fn tokens_stay_out_of_the_log() {
         assert!(!text.contains(&secret[7..]), "the {what} is in the log");
     }
 }
+
+/// Policy loading is off unless the config enables it; with an allowlist,
+/// only the listed objects get past the node's first check.
+#[test]
+fn policy_loading_is_off_by_default_and_follows_the_allowlist() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all_bulk = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/bpf/all_bulk.bpf.o")).expect("object");
+    let default = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/bpf/policy.bpf.o")).expect("object");
+    let node = NodeProcess::start_secure(&dir.path().join("off"));
+    let admin = node.admin_token.clone().expect("operator token");
+    assert_eq!(call(&node, Some(&admin), "PUT", "/v1/policy", &all_bulk), (403, "policy_load_off".into()));
+    drop(node);
+
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(&all_bulk).iter().map(|b| format!("{b:02x}")).collect();
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, format!("policy_load = true\npolicy_allowlist = [\"sha256:{digest}\"]\n")).expect("config");
+    let node = NodeProcess::start_secure_with(&dir.path().join("on"), &["--config", config.to_str().expect("utf-8")]);
+    let admin = node.admin_token.clone().expect("operator token");
+    let (status, code) = call(&node, Some(&admin), "PUT", "/v1/policy", &default);
+    assert_eq!((status, code.as_str()), (400, "bad_policy"), "a valid object not on the allowlist");
+    // The listed object passes the allowlist; this node has no steering
+    // (no --ebpf), which is the next thing it says.
+    assert_eq!(call(&node, Some(&admin), "PUT", "/v1/policy", &all_bulk), (409, "steering_off".into()));
+}

@@ -66,7 +66,7 @@ pub enum ClientError {
     Rdma(String),
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct OpenOptions {
     /// Check the CRC32C of every whole 64 KiB chunk a read covers against
     /// the dataset's manifest; a mismatch fails that range.
@@ -74,6 +74,15 @@ pub struct OpenOptions {
     /// The grant's token (`sluicectl grant create`); when `None`, the
     /// `SLUICE_TOKEN` environment variable, if set.
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for OpenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenOptions")
+            .field("verify_chunks", &self.verify_chunks)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// Where a job finds its grant's token when the code names none.

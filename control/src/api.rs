@@ -388,7 +388,7 @@ async fn devices(State(control): State<Shared>) -> Result<impl IntoResponse, Api
     Ok(Json(devices))
 }
 
-#[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::node::ClusterStatus)))]
+#[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::node::ClusterStatus), (status = 409, body = ApiErrorBody)))]
 async fn cluster(State(control): State<Shared>) -> Result<Json<crate::node::ClusterStatus>, ApiError> {
     let status = tokio::task::spawn_blocking(move || control.cluster_status())
         .await
@@ -565,7 +565,7 @@ pub struct Staged {
 }
 
 /// Holds the offsets of the next `records` file ingested into the dataset.
-#[utoipa::path(post, path = "/v1/datasets/{name}/index", tag = "datasets", params(("name" = String, Path), IngestQuery), request_body(content = Vec<u8>, description = "n + 1 little-endian u64 offsets of the next records file", content_type = "application/octet-stream"), responses((status = 200, body = Staged), (status = 404, body = ApiErrorBody), (status = 413, body = ApiErrorBody)))]
+#[utoipa::path(post, path = "/v1/datasets/{name}/index", tag = "datasets", params(("name" = String, Path), IngestQuery), request_body(content = Vec<u8>, description = "n + 1 little-endian u64 offsets of the next records file", content_type = "application/octet-stream"), responses((status = 200, body = Staged), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 413, body = ApiErrorBody)))]
 async fn stage_index(
     State(control): State<Shared>,
     ApiPath(name): ApiPath<String>,
@@ -614,7 +614,7 @@ async fn unload_policy(State(control): State<Shared>) -> Result<impl IntoRespons
 }
 
 /// Verifies every chunk of a sealed dataset as read through the data plane.
-#[utoipa::path(post, path = "/v1/datasets/{name}/scrub", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::node::ScrubReport), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]
+#[utoipa::path(post, path = "/v1/datasets/{name}/scrub", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::node::ScrubReport), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 421, description = "No complete copy on this node (elsewhere): the message names the nodes that hold one", body = ApiErrorBody)))]
 async fn scrub(State(control): State<Shared>, ApiPath(name): ApiPath<String>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.scrub(&name).await?))
 }

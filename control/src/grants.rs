@@ -43,9 +43,11 @@ pub struct GrantView {
     /// The client certificate CN the grant is bound to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_name: Option<String>,
-    /// Present only in the answer to the request that created the grant.
+    /// Present only in the answer to the request that created the grant
+    /// (never shown by `Debug`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub token: Option<sluice_rdma::codec::Secret>,
 }
 
 impl From<&GrantRecord> for GrantView {

@@ -16,7 +16,8 @@ use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::Appended;
 use sluice_control::{npy, DatasetKind, DatasetRecord, DatasetState};
 
-#[derive(Parser, Debug)]
+// No `Debug`: the options hold tokens.
+#[derive(Parser)]
 #[command(name = "sluicectl", version, about = "Operate a sluice node")]
 struct Cli {
     /// Control API of the node.

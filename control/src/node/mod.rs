@@ -1132,7 +1132,7 @@ impl ControlPlane {
         })?;
         tracing::info!(grant = grant.id, client, dataset, "grant issued");
         let mut view = GrantView::from(&grant);
-        view.token = Some(token);
+        view.token = Some(sluice_rdma::codec::Secret::new(token));
         if let Ok(mut map) = self.grants.write() {
             map.insert(grant.token_hash.clone(), grant);
         }
