@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_dataplane::RangeStatus;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use super::{control_frame, open_request, opened, read_frame_header};
+use super::{control_frame, open_request, opened, read_frame_header, write_all_flushed};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 
@@ -177,7 +177,7 @@ impl TcpClient {
 
     pub async fn close(&self, handle: u32) -> Result<(), TransportError> {
         let frame = control_frame(&ControlMessage::Close { handle });
-        self.writer.lock().await.write_all(&frame).await?;
+        write_all_flushed(&mut *self.writer.lock().await, &frame).await?;
         Ok(())
     }
 
@@ -192,7 +192,7 @@ impl TcpClient {
             }
             shared.control_reply = Some(tx);
         }
-        self.writer.lock().await.write_all(&control_frame(message)).await?;
+        write_all_flushed(&mut *self.writer.lock().await, &control_frame(message)).await?;
         let reply = rx.await.map_err(|_| self.lost_error())?;
         match reply {
             ControlMessage::Error { code, message } => Err(TransportError::Refused { code, message }),
@@ -227,7 +227,7 @@ impl TcpClient {
         }
         let mut frame = Vec::with_capacity(FrameHeader::SIZE + 16 + ranges.len() * RangeDescriptor::SIZE);
         wire::encode_batch_request(&mut frame, batch_id, handle, ranges);
-        let sent = self.writer.lock().await.write_all(&frame).await;
+        let sent = write_all_flushed(&mut *self.writer.lock().await, &frame).await;
         if let Err(err) = sent {
             if let Ok(mut shared) = self.shared.lock() {
                 shared.pending.remove(&batch_id);

@@ -18,7 +18,8 @@ pub use server::{serve, DatasetResolver, OpenError, Opened, ServerConfig};
 /// Most iovecs handed to one `writev` (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;
 
-/// Writes every slice, however many, however short the kernel's writes.
+/// Writes every slice, however many, however short the kernel's writes,
+/// then flushes (see [`write_all_flushed`]).
 async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
@@ -29,7 +30,16 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &
         }
         IoSlice::advance_slices(&mut slices, written);
     }
-    Ok(())
+    writer.flush().await
+}
+
+/// Writes a whole frame and flushes it. On plain TCP the flush costs
+/// nothing; over TLS, a write the socket could not take whole leaves
+/// records buffered in the session, and only a flush sends them: without
+/// it a frame can wait for the next write, which may never come.
+async fn write_all_flushed<W: AsyncWrite + Unpin>(writer: &mut W, frame: &[u8]) -> io::Result<()> {
+    writer.write_all(frame).await?;
+    writer.flush().await
 }
 
 /// Reads the next frame header; `None` when the peer closed the stream

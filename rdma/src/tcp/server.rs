@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use super::{control_frame, read_frame_header, write_all_vectored};
+use super::{control_frame, read_frame_header, write_all_flushed, write_all_vectored};
 use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::metrics::{settle, DatasetCounters};
 use crate::wire::{self, BatchStatus, FrameKind};
@@ -417,14 +417,14 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
         let written = tokio::select! {
             next = rx.recv(), if open => match next {
                 None => { open = false; Ok(Ok(())) }
-                Some(Outgoing::Control(frame)) => tokio::time::timeout(timeout, writer.write_all(&frame)).await,
+                Some(Outgoing::Control(frame)) => tokio::time::timeout(timeout, write_all_flushed(&mut writer, &frame)).await,
                 Some(Outgoing::Failed { batch_id, range_count, status, permit, counters }) => {
                     if let Some(counters) = counters {
                         counters.record_failed_batch();
                     }
                     let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
                     wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
-                    let result = tokio::time::timeout(timeout, writer.write_all(&head)).await;
+                    let result = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await;
                     drop(permit);
                     result
                 }
@@ -450,7 +450,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                     Err(status) => {
                         let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
                         wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
-                        tokio::time::timeout(timeout, writer.write_all(&head)).await
+                        tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await
                     }
                 };
                 drop(permit);
