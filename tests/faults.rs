@@ -104,3 +104,47 @@ fn verify_all_reads_catches_small_reads_of_corrupt_chunks() {
     }
     assert!(failed < 5, "only ranges on the bad block fail");
 }
+
+/// One byte flipped in a sealed dataset's namespace file, under the
+/// default config: every read that touches its 4 KiB block fails as a
+/// checksum mismatch, however small (no chunk-sized read is needed to
+/// catch it), and the bytes around it are still served exactly.
+#[test]
+fn a_flipped_byte_fails_every_read_of_its_block() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start(&dir.path().join("node"));
+    let data = random_file(&dir.path().join("data.bin"), 2 << 20, 11);
+    sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
+    let stat: serde_json::Value =
+        serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "stat", "data"])).expect("stat json");
+    let path = stat["namespace"]["path"].as_str().expect("namespace path").to_string();
+    let base = stat["namespace"]["base_offset_bytes"].as_u64().expect("base");
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open("data").expect("open");
+    let block = 300 * 4096u64;
+    let read = |offset: u64, len: u32| {
+        let mut buf = vec![0u8; len as usize];
+        let statuses = dataset.read_batch(&[ReadRange { offset, len, dest: 0 }], &mut buf).expect("batch");
+        (statuses[0], buf)
+    };
+    assert_eq!(read(block, 4096).0, RangeStatus::Ok, "served before the flip");
+
+    let flipped = block + 1234;
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open the namespace file");
+    file.write_at(&[!data[flipped as usize]], base + flipped).expect("flip a byte");
+    file.sync_all().expect("sync");
+    drop(file);
+
+    for (offset, len) in [(block, 4096), (flipped, 1), (block + 4000, 96), (block - 100, 200)] {
+        assert_eq!(read(offset, len).0, RangeStatus::ChecksumMismatch, "{len} bytes at {offset}");
+    }
+    for (offset, len) in [(block - 4096, 4096), (block + 4096, 4096), (block - 10, 10), (block + 4096, 70_000)] {
+        let (status, bytes) = read(offset, len);
+        assert_eq!(status, RangeStatus::Ok, "{len} bytes at {offset}");
+        assert!(bytes == data[offset as usize..offset as usize + len as usize], "{len} bytes at {offset}");
+    }
+    let scrub = node.ctl(&["--json", "scrub", "data"]);
+    assert!(!scrub.status.success(), "scrub finds the flipped chunk");
+    assert!(String::from_utf8_lossy(&scrub.stdout).contains(&format!("{}", flipped / 65_536)));
+}

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod catalog;
+pub mod checksums;
 pub mod cluster;
 pub mod etcd;
 pub mod grants;

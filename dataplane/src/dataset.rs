@@ -59,8 +59,13 @@ pub struct DatasetView {
     pub base_offset_bytes: u64,
     pub length_bytes: u64,
     /// CRC32C of each [`CHUNK_SIZE_BYTES`] chunk; the last may be short.
-    /// Empty means "not verified by the data plane".
+    /// Verifies reads that cover whole chunks when there are no block
+    /// checksums; empty with them means "not verified by the data plane".
     pub chunk_crcs: Arc<[u32]>,
+    /// CRC32C of each [`crate::blocks::VERIFY_BLOCK_BYTES`] block; the last
+    /// may be short. When present, every read covers whole blocks and
+    /// every block it covers is verified.
+    pub block_crcs: Arc<[u32]>,
 }
 
 impl DatasetView {
@@ -68,7 +73,14 @@ impl DatasetView {
     /// with no chunk checksums (the data plane verifies nothing): for
     /// tools and tests that read a namespace directly.
     pub fn unverified(dataset_id: u64, namespace: Arc<dyn Namespace>, length_bytes: u64) -> Self {
-        Self { dataset_id, namespace, base_offset_bytes: 0, length_bytes, chunk_crcs: Arc::from([]) }
+        Self {
+            dataset_id,
+            namespace,
+            base_offset_bytes: 0,
+            length_bytes,
+            chunk_crcs: Arc::from([]),
+            block_crcs: Arc::from([]),
+        }
     }
 }
 
@@ -78,6 +90,7 @@ impl std::fmt::Debug for DatasetView {
             .field("base_offset_bytes", &self.base_offset_bytes)
             .field("length_bytes", &self.length_bytes)
             .field("chunks", &self.chunk_crcs.len())
+            .field("blocks", &self.block_crcs.len())
             .finish()
     }
 }

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::blocks::VERIFY_BLOCK_BYTES;
 use crate::dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
@@ -753,7 +754,7 @@ impl CoreEngine {
                 unit_bytes_max: self.unit_bytes_max,
                 base_offset_bytes: view.base_offset_bytes,
                 length_bytes: view.length_bytes,
-                widen_to_bytes: if view.chunk_crcs.is_empty() { 0 } else { self.widen_to_bytes },
+                widen_to_bytes: self.widen_for(&view),
             };
             let plan = plan_batch(&batch.ranges, geometry);
             let capacity = self.pool.capacity() as u32;
@@ -918,12 +919,32 @@ impl CoreEngine {
         reaped
     }
 
+    /// How far reads of `view` are widened: to whole checksum blocks when
+    /// it has them (the covering 4 KiB blocks read anyway), else to whole
+    /// chunks under `verify_all_reads`.
+    fn widen_for(&self, view: &DatasetView) -> u64 {
+        match (self.verify_chunks, view.block_crcs.is_empty(), view.chunk_crcs.is_empty()) {
+            (false, _, _) => 0,
+            (true, false, _) => VERIFY_BLOCK_BYTES,
+            (true, true, false) => self.widen_to_bytes,
+            (true, true, true) => 0,
+        }
+    }
+
     /// Settles the statuses of a finished batch and replies.
     fn complete(&mut self, index: usize) {
         let mut batch = self.active[index].take().expect("completing an idle batch slot");
         self.active_free.push(index);
         self.slot_batches[batch.slot as usize] -= 1;
-        let bad_chunks = if self.verify_chunks { verify_chunks(&batch) } else { Vec::new() };
+        // Bad dataset byte spans: whole blocks, or whole chunks without
+        // block checksums.
+        let bad_spans: Vec<(u64, u64)> = match (self.verify_chunks, batch.view.block_crcs.is_empty()) {
+            (false, _) => Vec::new(),
+            (true, false) => verify_blocks(&batch),
+            (true, true) => {
+                verify_chunks(&batch).into_iter().map(|c| (c * CHUNK_SIZE_BYTES, (c + 1) * CHUNK_SIZE_BYTES)).collect()
+            }
+        };
         let plan = &mut batch.plan;
         for range in 0..plan.statuses.len() {
             if plan.statuses[range] != RangeStatus::Ok {
@@ -936,10 +957,9 @@ impl CoreEngine {
             let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
             if batch.bad_ranges.iter().any(|&(a, b)| a < ns_start + len && ns_start < b) {
                 plan.statuses[range] = RangeStatus::IoError;
-            } else if !bad_chunks.is_empty() {
+            } else if !bad_spans.is_empty() {
                 let start = ns_start - batch.view.base_offset_bytes;
-                let (first_chunk, last_chunk) = (start / CHUNK_SIZE_BYTES, (start + len - 1) / CHUNK_SIZE_BYTES);
-                if bad_chunks.iter().any(|c| (first_chunk..=last_chunk).contains(c)) {
+                if bad_spans.iter().any(|&(a, b)| a < start + len && start < b) {
                     plan.statuses[range] = RangeStatus::ChecksumMismatch;
                 }
             }
@@ -952,6 +972,39 @@ impl CoreEngine {
         // returns its slots.
         let _ = batch.reply.send(Ok(result));
     }
+}
+
+/// Dataset byte spans of the blocks whose CRC32C does not match, among
+/// every block the batch's successful units read: units start on block
+/// boundaries and cover whole blocks (the plan widens to them), so every
+/// byte served is checked.
+fn verify_blocks(batch: &ActiveBatch) -> Vec<(u64, u64)> {
+    let view = &batch.view;
+    let mut bad = Vec::new();
+    for (unit_index, unit) in batch.plan.units.iter().enumerate() {
+        if batch.unit_failed[unit_index] {
+            continue;
+        }
+        let start = unit.offset_bytes - view.base_offset_bytes;
+        assert!(start.is_multiple_of(VERIFY_BLOCK_BYTES), "unit not on a block boundary");
+        let end = (start + u64::from(unit.needed_bytes)).min(view.length_bytes);
+        let slot = batch.lease.slot(unit.lease_slot as usize);
+        // SAFETY: this unit's read completed and the lease owns the slot.
+        let data = unsafe {
+            batch.lease.arena().slot_bytes(slot, unit.slot_offset_bytes as usize, unit.needed_bytes as usize)
+        };
+        let mut at = start;
+        while at < end {
+            let block_end = (at + VERIFY_BLOCK_BYTES).min(view.length_bytes);
+            let bytes = &data[(at - start) as usize..(block_end - start) as usize];
+            let expected = view.block_crcs.get((at / VERIFY_BLOCK_BYTES) as usize);
+            if expected.is_none_or(|&crc| crc != crc32c::crc32c(bytes)) {
+                bad.push((at, block_end));
+            }
+            at = block_end;
+        }
+    }
+    bad
 }
 
 /// Chunks whose CRC32C does not match the manifest, among those the batch's
@@ -1071,6 +1124,7 @@ mod tests {
                 base_offset_bytes: 0,
                 length_bytes: data.len() as u64,
                 chunk_crcs: crcs(&data),
+                block_crcs: Arc::from([]),
             };
             runtime().block_on(async {
                 let slot = plane.attach(Arc::new(view)).await.expect("attach");
@@ -1085,6 +1139,52 @@ mod tests {
             });
             plane.shutdown();
         }
+    }
+
+    /// With block checksums every read is verified, however small and
+    /// wherever it starts: one flipped byte fails exactly the ranges that
+    /// touch its 4 KiB block, and bytes read around it stay served.
+    #[test]
+    fn small_reads_are_verified_per_block() {
+        let len = 3 * CHUNK_SIZE_BYTES as usize + 1000;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+        ns.write_at(0, &data).expect("write");
+        let mut blocks = Vec::new();
+        crate::blocks::extend_block_crcs(&mut blocks, &data);
+        let flipped = CHUNK_SIZE_BYTES + 3 * VERIFY_BLOCK_BYTES + 17;
+        ns.write_at(flipped, &[!data[flipped as usize]]).expect("corrupt");
+        let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
+        let view = DatasetView {
+            dataset_id: 1,
+            namespace: ns,
+            base_offset_bytes: 0,
+            length_bytes: len as u64,
+            chunk_crcs: crcs(&data),
+            block_crcs: blocks.into(),
+        };
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            let block = flipped / VERIFY_BLOCK_BYTES * VERIFY_BLOCK_BYTES;
+            let ranges = vec![
+                ByteRange { offset_bytes: flipped, len_bytes: 1 },
+                ByteRange { offset_bytes: block + 4000, len_bytes: 200 },
+                ByteRange { offset_bytes: block - 10, len_bytes: 10 },
+                ByteRange { offset_bytes: block + VERIFY_BLOCK_BYTES, len_bytes: 4096 },
+                ByteRange { offset_bytes: len as u64 - 900, len_bytes: 900 },
+                ByteRange { offset_bytes: 5, len_bytes: 2048 },
+            ];
+            let result = plane.read(slot, ranges.clone()).await.expect("batch");
+            let bad = RangeStatus::ChecksumMismatch;
+            assert_eq!(
+                result.statuses(),
+                &[bad, bad, RangeStatus::Ok, RangeStatus::Ok, RangeStatus::Ok, RangeStatus::Ok]
+            );
+            let served = ranges[2..].to_vec();
+            let result = plane.read(slot, served.clone()).await.expect("batch");
+            assert_batch_exact(&data, &served, &result);
+        });
+        plane.shutdown();
     }
 
     /// A chunk whose bytes no longer match the manifest fails the ranges
@@ -1103,6 +1203,7 @@ mod tests {
             base_offset_bytes: 0,
             length_bytes: data.len() as u64,
             chunk_crcs: manifest,
+            block_crcs: Arc::from([]),
         };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");

@@ -6,6 +6,7 @@
 //! [`BatchResult`] back whose bytes still live in the core's DMA buffers, so
 //! the transport can send them without a copy.
 
+pub mod blocks;
 pub mod dataset;
 pub mod dma;
 pub mod driver;
@@ -14,6 +15,7 @@ pub mod plan;
 pub mod probe;
 pub mod steer;
 
+pub use blocks::VERIFY_BLOCK_BYTES;
 pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
 pub use dma::{Arena, SlotLease};
 pub use driver::{

@@ -16,6 +16,7 @@ use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
 use crate::auth::AccessPolicy;
 use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::checksums::ChecksumFiles;
 use crate::cluster::{EtcdCatalog, Membership, REMOTE_KIND};
 use crate::grants::{self, GrantRecord, GrantView};
 use crate::index::IndexFile;
@@ -123,6 +124,8 @@ pub struct ControlPlane {
     /// may attach, one per dataset, when no namespace device is free.
     nvme_controllers: Vec<PathBuf>,
     index_dir: PathBuf,
+    /// Each sealed dataset's block checksums, beside the data.
+    checksums: ChecksumFiles,
     staged_offsets: Mutex<HashMap<String, Vec<u64>>>,
     driver: Arc<dyn BlockDriver>,
     plane: Arc<DataPlane>,
@@ -280,6 +283,10 @@ impl ControlPlane {
         let index_dir = data_dir.join("indexes");
         std::fs::create_dir_all(&index_dir)
             .map_err(|e| ControlError::Namespace { name: index_dir.display().to_string(), message: e.to_string() })?;
+        let checksums = ChecksumFiles::open(data_dir).map_err(|e| ControlError::Namespace {
+            name: data_dir.join("checksums").display().to_string(),
+            message: e.to_string(),
+        })?;
         let (catalog, cluster, replication, repair_after): (Arc<dyn CatalogStore>, _, _, _) = match choice {
             CatalogChoice::Local => {
                 (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1, std::time::Duration::MAX)
@@ -300,6 +307,7 @@ impl ControlPlane {
             namespace_devices,
             nvme_controllers,
             index_dir,
+            checksums,
             staged_offsets: Mutex::new(HashMap::new()),
             driver,
             plane,
@@ -351,8 +359,9 @@ impl ControlPlane {
             }
             known.insert(PathBuf::from(&record.namespace.path));
             known.insert(self.index_path(record));
+            known.insert(self.checksums.path(record.id));
         }
-        for dir in [&self.namespace_dir, &self.index_dir] {
+        for dir in [&self.namespace_dir, &self.index_dir, &self.checksums.dir().to_path_buf()] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if !known.contains(&path) {
@@ -710,6 +719,7 @@ impl ControlPlane {
 
     fn remove_namespace(&self, record: &DatasetRecord) {
         let _ = std::fs::remove_file(self.index_path(record));
+        self.checksums.remove(record.id);
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
         }
@@ -853,6 +863,7 @@ impl ControlPlane {
         let crcs = self.catalog.chunk_crcs(record.id)?;
         let ns = self.namespace(&record)?;
         let mut hasher = blake3::Hasher::new();
+        let mut block_crcs = Vec::with_capacity(sluice_dataplane::blocks::block_count(record.length_bytes) as usize);
         let mut buf = vec![0u8; SEAL_READ_BYTES];
         let mut at = 0u64;
         while at < record.length_bytes {
@@ -865,12 +876,16 @@ impl ControlPlane {
                     return Err(ControlError::Corrupt { name: name.into(), chunk: index });
                 }
             }
+            sluice_dataplane::blocks::extend_block_crcs(&mut block_crcs, piece);
             hasher.update(piece);
             at += len as u64;
         }
         ns.truncate(record.namespace.base_offset_bytes + record.length_bytes)
             .and_then(|()| ns.sync())
             .map_err(|e| self.ns_error(&record, e))?;
+        // The block checksums every read is verified by, durable before
+        // the dataset is readable.
+        self.checksums.write(record.id, &block_crcs).map_err(|e| self.ns_error(&record, e))?;
         record.state = DatasetState::Sealed;
         record.content_hash = Some(format!("blake3:{}", hasher.finalize().to_hex()));
         record.sealed_unix_ms = Some(now_unix_ms());
@@ -1211,6 +1226,37 @@ impl ControlPlane {
         Ok(Some(grant.id))
     }
 
+    /// A sealed dataset's block checksums: its file, if it folds into the
+    /// catalog's chunk CRCs; else made again from the data (and kept), with
+    /// any chunk that disagrees with the catalog made unreadable.
+    fn block_checksums(
+        &self,
+        record: &DatasetRecord,
+        ns: &dyn Namespace,
+        chunk_crcs: &[u32],
+    ) -> Result<Vec<u32>, ControlError> {
+        use sluice_dataplane::blocks::chunks_disagreeing;
+        let loaded = self.checksums.load(record.id, record.length_bytes).map_err(|e| self.ns_error(record, e))?;
+        if let Some(block_crcs) = loaded {
+            if chunks_disagreeing(&block_crcs, record.length_bytes, chunk_crcs).is_empty() {
+                return Ok(block_crcs);
+            }
+            tracing::warn!(dataset = record.name, "block checksums disagree with the catalog; making them again");
+        }
+        let rebuilt =
+            crate::checksums::rebuild(ns, record.namespace.base_offset_bytes, record.length_bytes, chunk_crcs)
+                .map_err(|e| self.ns_error(record, e))?;
+        if !rebuilt.bad_chunks.is_empty() {
+            tracing::error!(
+                dataset = record.name,
+                chunks = ?rebuilt.bad_chunks,
+                "chunks disagree with the catalog; their reads fail as checksum mismatches"
+            );
+        }
+        self.checksums.write(record.id, &rebuilt.block_crcs).map_err(|e| self.ns_error(record, e))?;
+        Ok(rebuilt.block_crcs)
+    }
+
     /// Attaches a sealed dataset to the data plane (once) for reading.
     pub async fn open_for_read(&self, name: &str) -> Result<(DatasetSlot, OpenInfo), ControlError> {
         let mut attached = self.attached.lock().await;
@@ -1229,12 +1275,16 @@ impl ControlPlane {
         if !self.holds_ready_copy(&record)? {
             return Err(ControlError::Elsewhere { name: name.into(), elsewhere: self.replica_endpoints(name) });
         }
+        let namespace = self.namespace(&record)?;
+        let chunk_crcs = self.catalog.chunk_crcs(record.id)?;
+        let block_crcs = self.block_checksums(&record, &*namespace, &chunk_crcs)?;
         let view = DatasetView {
             dataset_id: record.id,
-            namespace: self.namespace(&record)?,
+            namespace,
             base_offset_bytes: record.namespace.base_offset_bytes,
             length_bytes: record.length_bytes,
-            chunk_crcs: self.catalog.chunk_crcs(record.id)?.into(),
+            chunk_crcs: chunk_crcs.into(),
+            block_crcs: block_crcs.into(),
         };
         let slot = self.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
         let info = OpenInfo {

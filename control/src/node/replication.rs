@@ -71,6 +71,8 @@ pub struct ReplicaTarget<'a> {
     ns: Arc<dyn Namespace>,
     crcs: Vec<u32>,
     hasher: blake3::Hasher,
+    /// Block checksums of what was written, for the node's checksum file.
+    block_crcs: Vec<u32>,
     written_bytes: u64,
 }
 
@@ -108,6 +110,7 @@ impl ReplicaTarget<'_> {
         self.ns
             .write_at(self.record.namespace.base_offset_bytes + self.written_bytes, bytes)
             .map_err(|e| self.control.ns_error(&self.record, e))?;
+        sluice_dataplane::blocks::extend_block_crcs(&mut self.block_crcs, bytes);
         self.hasher.update(bytes);
         self.written_bytes = end;
         Ok(())
@@ -138,6 +141,10 @@ impl ReplicaTarget<'_> {
         self.ns
             .truncate(self.record.namespace.base_offset_bytes + self.record.length_bytes)
             .and_then(|()| self.ns.sync())
+            .map_err(|e| self.control.ns_error(&self.record, e))?;
+        self.control
+            .checksums
+            .write(self.record.id, &self.block_crcs)
             .map_err(|e| self.control.ns_error(&self.record, e))?;
         let cluster = self.control.cluster()?;
         cluster.put_replica(&self.record, true)?;
@@ -349,6 +356,7 @@ impl ControlPlane {
             ns,
             crcs,
             hasher: blake3::Hasher::new(),
+            block_crcs: Vec::new(),
             written_bytes: 0,
         })
     }
