@@ -73,6 +73,17 @@ pub struct NodeConfig {
     pub write_timeout_ms: u64,
     /// Data-plane connections served at once; more are refused.
     pub connections_max: usize,
+    /// Data-plane connections one source address may hold at once.
+    pub connections_per_source_max: usize,
+    /// A data-plane connection must say Hello and open a dataset within
+    /// this, or it is closed.
+    pub handshake_timeout_ms: u64,
+    /// A data-plane connection with nothing in flight that sends nothing
+    /// for this long is closed.
+    pub idle_timeout_s: u64,
+    /// A response must drain at least this fast, or its connection is
+    /// dropped and its DMA slots come back.
+    pub drain_bytes_per_s_min: u64,
     /// Drop root for this user once devices and ports are open.
     pub user: Option<String>,
     /// Attach the eBPF trace and the steering policy to this node's probes,
@@ -170,6 +181,10 @@ impl Default for NodeConfig {
             verify_all_reads: false,
             write_timeout_ms: 30_000,
             connections_max: 4096,
+            connections_per_source_max: 512,
+            handshake_timeout_ms: 5000,
+            idle_timeout_s: 600,
+            drain_bytes_per_s_min: 1 << 20,
             user: None,
             ebpf: false,
             ebpf_kernel_trace: true,

@@ -268,6 +268,10 @@ impl Node {
             },
             accepted: Arc::default(),
             tls: if config.data_tls { tls.clone() } else { None },
+            handshake_timeout: std::time::Duration::from_millis(config.handshake_timeout_ms.max(1)),
+            idle_timeout: std::time::Duration::from_secs(config.idle_timeout_s.max(1)),
+            connections_per_source_max: config.connections_per_source_max.max(1),
+            drain_bytes_per_s_min: config.drain_bytes_per_s_min.max(1),
         };
         let resolver = Arc::new(Resolver(Arc::clone(&control)));
         let mut tasks = Vec::with_capacity(4);

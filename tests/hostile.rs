@@ -58,7 +58,8 @@ fn non_reader(addr: &str) -> Option<TcpStream> {
 fn hostile_clients_do_not_hurt_good_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("node.toml");
-    std::fs::write(&config, "write_timeout_ms = 1000\nconnections_max = 1500\n").expect("config");
+    std::fs::write(&config, "write_timeout_ms = 1000\nconnections_max = 1500\nconnections_per_source_max = 1500\n")
+        .expect("config");
     let node = NodeProcess::start_with(&dir.path().join("node"), &["--config", config.to_str().expect("p")]);
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 16 << 20, 21));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);

@@ -757,7 +757,10 @@ impl CoreEngine {
                 widen_to_bytes: self.widen_for(&view),
             };
             let plan = plan_batch(&batch.ranges, geometry);
-            let capacity = self.pool.capacity() as u32;
+            // What this lane may ever use: a bulk batch never takes the
+            // latency lane's reserve, so one that needs it is too large
+            // (the transports' limits keep batches well under it).
+            let capacity = (self.pool.capacity() - reserve) as u32;
             if plan.slots_needed > capacity {
                 if let Some((batch, _)) = self.waiting[lane].pop_front() {
                     let slots_needed = plan.slots_needed;
@@ -765,9 +768,6 @@ impl CoreEngine {
                 }
                 continue;
             }
-            // A batch bigger than all but the reserve may take the reserve,
-            // or it could never run.
-            let reserve = if plan.slots_needed as usize + reserve > self.pool.capacity() { 0 } else { reserve };
             if self.pool.free_count() < plan.slots_needed as usize + reserve {
                 return;
             }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use sluice_dataplane::plan::footprint_bound_bytes;
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch, SubmitError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -77,10 +78,28 @@ pub struct ServerConfig {
     /// Serve TLS on this listener (rustls): every byte, statuses and data
     /// alike, is encrypted and a client certificate names its holder.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// A connection must say Hello and open a dataset within this, or it is
+    /// closed: a peer that has not authenticated holds nothing for long.
+    pub handshake_timeout: Duration,
+    /// A connection with nothing in flight that sends nothing for this long
+    /// is closed.
+    pub idle_timeout: Duration,
+    /// Connections one source address may hold at once; more are refused
+    /// with `Busy`, so one host cannot take the node's whole limit.
+    pub connections_per_source_max: usize,
+    /// A response must drain at least this fast (its bytes over this rate,
+    /// and at least a second, bound its write; never more than
+    /// `write_timeout`): a reader that stops reading loses its connection
+    /// and its DMA slots come back.
+    pub drain_bytes_per_s_min: u64,
 }
 
 /// How long a TLS client may take over its handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const TLS_HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// TCP keepalive: probes after this much silence, then every
+/// [`KEEPALIVE_INTERVAL`], so a vanished peer's connection is found dead.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -93,8 +112,54 @@ impl Default for ServerConfig {
             batch_footprint_max_bytes: wire::BATCH_FOOTPRINT_MAX_BYTES,
             accepted: Arc::default(),
             tls: None,
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(600),
+            connections_per_source_max: 512,
+            drain_bytes_per_s_min: 1 << 20,
         }
     }
+}
+
+/// Connections held per source address; a guard gives its place back.
+type SourceCounts = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
+
+struct SourceGuard {
+    counts: SourceCounts,
+    source: std::net::IpAddr,
+}
+
+impl SourceGuard {
+    /// A place for one more connection from `source`, if it has one left.
+    fn take(counts: &SourceCounts, source: std::net::IpAddr, max: usize) -> Option<Self> {
+        let mut map = counts.lock().ok()?;
+        let held = map.entry(source).or_insert(0);
+        if *held >= max {
+            return None;
+        }
+        *held += 1;
+        Some(Self { counts: Arc::clone(counts), source })
+    }
+}
+
+impl Drop for SourceGuard {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.counts.lock() {
+            if let Some(held) = map.get_mut(&self.source) {
+                *held -= 1;
+                if *held == 0 {
+                    map.remove(&self.source);
+                }
+            }
+        }
+    }
+}
+
+/// Tells a refused peer why (best effort, briefly) and closes.
+fn refuse(mut stream: TcpStream, message: String) {
+    let frame = control_frame(&ControlMessage::Error { code: ErrorCode::Busy, message });
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&frame)).await;
+    });
 }
 
 /// Accepts connections until `shutdown` turns true.
@@ -106,22 +171,27 @@ pub async fn serve<R: DatasetResolver>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
+    let sources = SourceCounts::default();
     let mut next_client_id = 0u32;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((mut stream, peer)) => {
+                Ok((stream, peer)) => {
                     let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                         tracing::warn!(%peer, "refusing a connection: {} are open", config.connections_max);
-                        let message = ControlMessage::Error {
-                            code: ErrorCode::Busy,
-                            message: format!("the node serves at most {} connections", config.connections_max),
-                        };
-                        tokio::spawn(async move {
-                            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&control_frame(&message))).await;
-                        });
+                        refuse(stream, format!("the node serves at most {} connections", config.connections_max));
                         continue;
                     };
+                    let Some(source) = SourceGuard::take(&sources, peer.ip(), config.connections_per_source_max) else {
+                        tracing::warn!(%peer, "refusing a connection: its address holds {}", config.connections_per_source_max);
+                        refuse(stream, format!(
+                            "the node serves at most {} connections per source address",
+                            config.connections_per_source_max
+                        ));
+                        continue;
+                    };
+                    let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL);
+                    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
                     next_client_id = next_client_id.wrapping_add(1);
                     config.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let connection = Connection {
@@ -133,6 +203,7 @@ pub async fn serve<R: DatasetResolver>(
                     };
                     tokio::spawn(async move {
                         connection.run(stream).await;
+                        drop(source);
                         drop(slot);
                     });
                 }
@@ -183,6 +254,8 @@ enum Fatal {
     Io(#[from] std::io::Error),
     #[error("the grant this session opened {0} under was revoked")]
     Revoked(String),
+    #[error("{0}")]
+    Deadline(String),
 }
 
 impl Fatal {
@@ -190,7 +263,7 @@ impl Fatal {
         match self {
             Self::Frame(wire::FrameError::Oversized { .. }) => ErrorCode::OversizedFrame,
             Self::Frame(_) | Self::Codec(_) => ErrorCode::MalformedFrame,
-            Self::Protocol(_) | Self::Io(_) => ErrorCode::Protocol,
+            Self::Protocol(_) | Self::Io(_) | Self::Deadline(_) => ErrorCode::Protocol,
             Self::Revoked(_) => ErrorCode::AccessDenied,
         }
     }
@@ -212,14 +285,15 @@ impl<R: DatasetResolver> Connection<R> {
             return self.serve(reader, writer, None).await;
         };
         let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
-        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
+        let within = self.config.handshake_timeout.min(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
+        match tokio::time::timeout(within, handshake).await {
             Ok(Ok(stream)) => {
                 let peer_name = crate::tls::peer_name(stream.get_ref().1.peer_certificates());
                 let (reader, writer) = tokio::io::split(stream);
                 self.serve(reader, writer, peer_name).await;
             }
             Ok(Err(err)) => tracing::info!(peer = %self.peer, "TLS handshake failed: {err}"),
-            Err(_) => tracing::info!(peer = %self.peer, "no TLS handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
+            Err(_) => tracing::info!(peer = %self.peer, "no TLS handshake within {within:?}"),
         }
     }
 
@@ -232,7 +306,9 @@ impl<R: DatasetResolver> Connection<R> {
     {
         let credits = self.config.credits.max(1);
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
-        let writer = tokio::spawn(write_loop(writer, out_rx, self.config.write_timeout, self.peer));
+        let drain =
+            Drain { write_timeout: self.config.write_timeout, bytes_per_s_min: self.config.drain_bytes_per_s_min };
+        let writer = tokio::spawn(write_loop(writer, out_rx, drain, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let granted = std::sync::Mutex::new(Vec::new());
         let outcome = tokio::select! {
@@ -280,12 +356,34 @@ impl<R: DatasetResolver> Connection<R> {
         let mut handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>, FlowLease)> = HashMap::new();
         let mut next_handle = 1u32;
         let mut greeted = false;
+        let mut opened_once = false;
         let mut payload = Vec::new();
+        let handshake_deadline = tokio::time::Instant::now() + self.config.handshake_timeout;
+        let credits = self.config.credits.max(1) as usize;
         loop {
-            let Some(header) = read_frame_header(reader).await? else { return Ok(()) };
-            let (kind, len) = wire::parse_frame_header(&header, false)?;
-            payload.resize(len as usize, 0);
-            reader.read_exact(&mut payload).await?;
+            // Until the first open, the handshake's deadline bounds every
+            // frame (a slow trickle included); after it, an idle one.
+            let deadline = if !opened_once {
+                Some((handshake_deadline, "no Hello and Open within the handshake deadline"))
+            } else if semaphore.available_permits() == credits {
+                Some((tokio::time::Instant::now() + self.config.idle_timeout, "idle past the idle timeout"))
+            } else {
+                None
+            };
+            let frame = async {
+                let Some(header) = read_frame_header(reader).await? else { return Ok(None) };
+                let (kind, len) = wire::parse_frame_header(&header, false)?;
+                payload.resize(len as usize, 0);
+                reader.read_exact(&mut payload).await?;
+                Ok::<_, Fatal>(Some(kind))
+            };
+            let kind = match deadline {
+                Some((at, why)) => {
+                    tokio::time::timeout_at(at, frame).await.map_err(|_| Fatal::Deadline(why.to_string()))??
+                }
+                None => frame.await?,
+            };
+            let Some(kind) = kind else { return Ok(()) };
             match kind {
                 FrameKind::Control => {
                     let reply = match codec::decode(&payload)? {
@@ -325,6 +423,7 @@ impl<R: DatasetResolver> Connection<R> {
                                                 granted.push((grant, name));
                                             }
                                         }
+                                        opened_once = true;
                                         ControlMessage::Opened { handle, info }
                                     }
                                     Err(err) => ControlMessage::Error { code: err.code, message: err.message },
@@ -347,6 +446,19 @@ impl<R: DatasetResolver> Connection<R> {
                     let batch_id = request.batch_id.get();
                     let range_count = request.range_count.get();
                     let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
+                    // The limits announced at Hello hold: a batch over them
+                    // costs the core nothing.
+                    let footprint: u64 = descriptors.iter().map(|d| footprint_bound_bytes(d.len.get())).sum();
+                    if range_count > self.config.ranges_per_batch_max
+                        || footprint > self.config.batch_footprint_max_bytes
+                    {
+                        let counters = handles.get(&request.handle.get()).map(|(_, c, _)| Arc::clone(c));
+                        let status = BatchStatus::TooLarge;
+                        out.send(Outgoing::Failed { batch_id, range_count, status, permit, counters })
+                            .await
+                            .map_err(|_| closed())?;
+                        continue;
+                    }
                     let Some((slot, counters, flow)) = handles.get(&request.handle.get()) else {
                         let failed = Outgoing::Failed {
                             batch_id,
@@ -400,6 +512,21 @@ fn closed() -> Fatal {
     Fatal::Io(std::io::ErrorKind::BrokenPipe.into())
 }
 
+/// How long a response may take to write: its bytes at the minimum drain
+/// rate, at least a second, at most the write timeout.
+#[derive(Clone, Copy)]
+struct Drain {
+    write_timeout: Duration,
+    bytes_per_s_min: u64,
+}
+
+impl Drain {
+    fn within(&self, bytes: u64) -> Duration {
+        let at_rate = Duration::from_secs_f64(bytes as f64 / self.bytes_per_s_min.max(1) as f64);
+        at_rate.max(Duration::from_secs(1)).min(self.write_timeout)
+    }
+}
+
 type Pending =
     std::pin::Pin<Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>>;
 
@@ -407,9 +534,10 @@ type Pending =
 async fn write_loop<Wr: AsyncWrite + Unpin>(
     mut writer: Wr,
     mut rx: mpsc::Receiver<Outgoing>,
-    timeout: Duration,
+    drain: Drain,
     peer: SocketAddr,
 ) {
+    let timeout = drain.write_timeout;
     let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
     let mut head = Vec::with_capacity(256);
     let mut open = true;
@@ -445,7 +573,8 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                         let mut slices = Vec::with_capacity(1 + batch.statuses().len());
                         slices.push(IoSlice::new(&head));
                         slices.extend(batch.io_slices());
-                        tokio::time::timeout(timeout, write_all_vectored(&mut writer, &mut slices)).await
+                        let within = drain.within(head.len() as u64 + payload_bytes);
+                        tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await
                     }
                     Err(status) => {
                         let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
@@ -464,7 +593,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                 break;
             }
             Err(_) => {
-                tracing::info!(%peer, "client did not read a response within {timeout:?}; dropping it");
+                tracing::info!(%peer, "client did not drain a response in time (at most {timeout:?}); dropping it");
                 break;
             }
         }
