@@ -72,6 +72,8 @@ fn spdk_driver(_nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
 
 /// A running node.
 pub struct Node {
+    /// The runtime the control API, opens and replication run on.
+    control_runtime: Option<tokio::runtime::Runtime>,
     pub control_addr: SocketAddr,
     /// Whether the control API serves HTTPS.
     pub control_tls: bool,
@@ -273,7 +275,16 @@ impl Node {
             connections_per_source_max: config.connections_per_source_max.max(1),
             drain_bytes_per_s_min: config.drain_bytes_per_s_min.max(1),
         };
-        let resolver = Arc::new(Resolver(Arc::clone(&control)));
+        // Control work (the HTTP API, opens, the catalog, replication) runs
+        // on a runtime of its own, so no catalog call, fsync, etcd request
+        // or NVMe admin command runs on a thread that serves data.
+        let control_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(CONTROL_THREADS)
+            .thread_name("sluice-control")
+            .enable_all()
+            .build()
+            .map_err(|source| NodeError::DataDir { path: "the control runtime".into(), source })?;
+        let resolver = Arc::new(Resolver::new(Arc::clone(&control), control_runtime.handle().clone()));
         let mut tasks = Vec::with_capacity(4);
         // The two worker sockets share the connection limit: a quarter for
         // the latency lane's, the rest for the bulk lane's.
@@ -317,9 +328,11 @@ impl Node {
                 source,
             })?;
             tracing::info!("GET /metrics open to anyone on {addr} (metrics_listen)");
-            tasks.push(serve_control(listener, None, api::metrics_router(Arc::clone(&control)), shutdown_rx.clone()));
+            let router = api::metrics_router(Arc::clone(&control));
+            tasks.push(serve_control(control_runtime.handle(), listener, None, router, shutdown_rx.clone()));
         }
-        let control_task = serve_control(control_listener, tls.clone(), api::router(Arc::clone(&control)), shutdown_rx);
+        let router = api::router(Arc::clone(&control));
+        let control_task = serve_control(control_runtime.handle(), control_listener, tls.clone(), router, shutdown_rx);
         if let Some(steering) = steering {
             control.set_policy_control(steering);
         }
@@ -348,10 +361,11 @@ impl Node {
                 std::time::Duration::from_secs(config.member_ttl_s.max(1)),
             )?;
             tracing::info!("joined the cluster: {}", control.catalog().describe());
-            tasks.push(tokio::spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
+            tasks.push(control_runtime.spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
         }
         let rdma_addr = config.rdma_listen;
         Ok(Self {
+            control_runtime: Some(control_runtime),
             control_addr,
             control_tls: tls.is_some(),
             admin_token_path,
@@ -399,14 +413,17 @@ impl Node {
 
     /// Stops accepting, lets the control API finish its requests, and stops
     /// the data-plane cores after their in-flight I/O.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.control.leave_cluster();
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let _ = task.await;
         }
         let plane = Arc::clone(&self.plane);
         let _ = tokio::task::spawn_blocking(move || plane.shutdown()).await;
+        if let Some(runtime) = self.control_runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -454,16 +471,40 @@ fn access_policy(
     Ok((policy, made))
 }
 
+/// Worker threads of the control runtime.
+const CONTROL_THREADS: usize = 2;
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A runtime may not be dropped from inside another's async context.
+        if let Some(runtime) = self.control_runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Serves a control API router on `listener` (HTTPS with `tls`) until
-/// shutdown, telling handlers who each connection's peer is.
+/// shutdown, on the control runtime, telling handlers who each
+/// connection's peer is.
 fn serve_control(
+    runtime: &tokio::runtime::Handle,
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     router: axum::Router,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     use sluice_control::serve::{PeerIdentity, TlsListener};
-    tokio::spawn(async move {
+    // Re-registered with the control runtime's reactor, so its sockets
+    // are driven there too.
+    let listener = listener.into_std();
+    runtime.spawn(async move {
+        let listener = match listener.and_then(TcpListener::from_std) {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::error!("control API listener: {err}");
+                return;
+            }
+        };
         let stop = async move {
             let _ = shutdown.changed().await;
         };

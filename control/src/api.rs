@@ -106,9 +106,62 @@ pub fn router(control: Shared) -> Router {
             get(record_index).post(stage_index).layer(DefaultBodyLimit::max(crate::node::STAGED_INDEX_BYTES_MAX)),
         )
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&control), authorize))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::new(Limits::new()), bounded))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(control)
+}
+
+/// Requests the API serves at once; more are answered 503 `busy` at once.
+pub const REQUESTS_IN_FLIGHT_MAX: usize = 256;
+/// How long a request may take, but for the long operations
+/// ([`UNTIMED`]), which report progress by finishing.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// An upload that sends nothing for this long is cut off (and changes
+/// nothing).
+pub const UPLOAD_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Operations whose length is their work's (an upload, a seal or a scrub
+/// reads every byte): bounded by the upload idle timeout, not a deadline.
+const UNTIMED: &[(&str, &str)] = &[
+    ("POST", "/v1/datasets/{name}/ingest"),
+    ("POST", "/v1/datasets/{name}/seal"),
+    ("POST", "/v1/datasets/{name}/scrub"),
+];
+
+/// The API's own bounds: requests in flight and how long each may take.
+struct Limits {
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Limits {
+    fn new() -> Self {
+        Self { in_flight: Arc::new(tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT_MAX)) }
+    }
+}
+
+async fn bounded(State(limits): State<Arc<Limits>>, request: Request, next: Next) -> Response {
+    let Ok(_permit) = Arc::clone(&limits.in_flight).try_acquire_owned() else {
+        return ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "busy".into(),
+            message: format!("the node serves {REQUESTS_IN_FLIGHT_MAX} API requests at once; try again"),
+        }
+        .into_response();
+    };
+    let path = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let method = request.method().as_str().to_string();
+    if UNTIMED.iter().any(|(m, p)| *m == method && *p == path) {
+        return next.run(request).await;
+    }
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "timeout".into(),
+            message: format!("{method} {path} took longer than {REQUEST_TIMEOUT:?}"),
+        }
+        .into_response(),
+    }
 }
 
 /// `GET /metrics` alone and open, for a scraper's own listen address
@@ -526,7 +579,11 @@ async fn ingest(
             return Err(err.into());
         }
     };
-    while let Some(piece) = stream.next().await {
+    loop {
+        let next = tokio::time::timeout(UPLOAD_IDLE_TIMEOUT, stream.next())
+            .await
+            .map_err(|_| bad_request(format!("upload stalled: nothing for {UPLOAD_IDLE_TIMEOUT:?}")))?;
+        let Some(piece) = next else { break };
         let piece = piece.map_err(|e| bad_request(format!("upload cut off: {e}")))?;
         session.push(&piece)?;
     }
@@ -555,8 +612,28 @@ async fn record_index(
     State(control): State<Shared>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let bytes = control.record_index_raw(&name)?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
+    // Streamed a piece at a time from the index file: an index of a
+    // billion records is never built in memory.
+    let source = Arc::new(control.record_index_source(&name)?);
+    let total = source.entries();
+    let pieces = futures_util::stream::unfold(0u64, move |at| {
+        let source = Arc::clone(&source);
+        async move {
+            if at >= total {
+                return None;
+            }
+            let count = (total - at).min(crate::node::INDEX_PIECE_ENTRIES);
+            let piece = tokio::task::spawn_blocking(move || source.read(at, count))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            Some((piece.map(axum::body::Bytes::from), at + count))
+        }
+    });
+    let length = total * crate::index::ENTRY_BYTES;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, length.to_string())],
+        Body::from_stream(pieces),
+    ))
 }
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]

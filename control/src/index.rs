@@ -35,10 +35,10 @@ impl IndexFile {
         self.file.sync_all()
     }
 
-    /// The first `count` entries as raw bytes.
-    pub fn read_raw(&self, count: u64) -> io::Result<Vec<u8>> {
+    /// `count` entries from entry `first` as raw bytes.
+    pub fn read_raw_range(&self, first: u64, count: u64) -> io::Result<Vec<u8>> {
         let mut bytes = vec![0u8; (count * ENTRY_BYTES) as usize];
-        self.file.read_exact_at(&mut bytes, 0)?;
+        self.file.read_exact_at(&mut bytes, first * ENTRY_BYTES)?;
         Ok(bytes)
     }
 }

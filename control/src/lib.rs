@@ -23,7 +23,7 @@ pub mod tar;
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use kind::DatasetKind;
 pub use node::{
-    CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IngestSession, NamespacePool,
+    CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
     PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };
 pub use sluice_rdma::NodeInfo;

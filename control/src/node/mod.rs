@@ -210,6 +210,40 @@ pub trait PolicyControl: Send + Sync {
 /// Largest policy object `PUT /v1/policy` takes.
 pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
 
+/// Index entries sent per piece of `GET .../index` (1 MiB).
+pub const INDEX_PIECE_ENTRIES: u64 = 65_536;
+
+/// A dataset's sample index, to read a piece at a time.
+pub enum IndexSource {
+    /// Fixed-size records: the entries follow from the size.
+    Fixed {
+        size: u64,
+        count: u64,
+    },
+    File {
+        file: IndexFile,
+        count: u64,
+    },
+}
+
+impl IndexSource {
+    pub fn entries(&self) -> u64 {
+        match self {
+            Self::Fixed { count, .. } | Self::File { count, .. } => *count,
+        }
+    }
+
+    /// `count` entries from entry `first`, as raw bytes.
+    pub fn read(&self, first: u64, count: u64) -> std::io::Result<Vec<u8>> {
+        match self {
+            Self::Fixed { size, .. } => Ok((first..first + count)
+                .flat_map(|i| (i * size).to_le_bytes().into_iter().chain(size.to_le_bytes()))
+                .collect()),
+            Self::File { file, .. } => file.read_raw_range(first, count),
+        }
+    }
+}
+
 /// Most grant-table refreshes a second that unknown tokens may cause.
 const UNKNOWN_TOKEN_REFRESHES_PER_S_MAX: u32 = 8;
 
@@ -648,18 +682,17 @@ impl ControlPlane {
         IndexFile::open(&self.index_path(record)).map_err(|e| self.ns_error(record, e))
     }
 
-    /// The sample index as `(offset, len)` little-endian u64 pairs.
-    pub fn record_index_raw(&self, name: &str) -> Result<Vec<u8>, ControlError> {
+    /// Where a `records` or `wds` dataset's sample index is read from, a
+    /// piece at a time.
+    pub fn record_index_source(&self, name: &str) -> Result<IndexSource, ControlError> {
         let record = self.catalog.require(name)?;
         if !record.kind.has_records() {
             return Err(ControlError::Records(format!("{name} is {}, which has no record index", record.kind)));
         }
-        if let Some(size) = record.record_size_bytes {
-            return Ok((0..record.record_count)
-                .flat_map(|i| (i * size).to_le_bytes().into_iter().chain(size.to_le_bytes()))
-                .collect());
-        }
-        self.index_file(&record)?.read_raw(record.record_count).map_err(|e| self.ns_error(&record, e))
+        Ok(match record.record_size_bytes {
+            Some(size) => IndexSource::Fixed { size, count: record.record_count },
+            None => IndexSource::File { file: self.index_file(&record)?, count: record.record_count },
+        })
     }
 
     /// Holds the offsets (`n + 1` u64, from 0 to the file's length) of the
@@ -1258,9 +1291,11 @@ impl ControlPlane {
     }
 
     /// Attaches a sealed dataset to the data plane (once) for reading.
+    ///
+    /// The node-wide table of attached datasets is locked only to look and
+    /// to insert, never across the catalog reads and checksum I/O between.
     pub async fn open_for_read(&self, name: &str) -> Result<(DatasetSlot, OpenInfo), ControlError> {
-        let mut attached = self.attached.lock().await;
-        if let Some(entry) = attached.get(name) {
+        if let Some(entry) = self.attached.lock().await.get(name) {
             return Ok((entry.slot, entry.info.clone()));
         }
         let record = self.catalog.require(name)?;
@@ -1286,6 +1321,11 @@ impl ControlPlane {
             chunk_crcs: chunk_crcs.into(),
             block_crcs: block_crcs.into(),
         };
+        let mut attached = self.attached.lock().await;
+        if let Some(entry) = attached.get(name) {
+            // Attached by a concurrent open meanwhile.
+            return Ok((entry.slot, entry.info.clone()));
+        }
         let slot = self.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
         let info = OpenInfo {
             kind: record.kind.to_string(),
@@ -1295,6 +1335,19 @@ impl ControlPlane {
             replicas: Vec::new(),
         };
         attached.insert(name.to_string(), Attached { slot, info: info.clone() });
+        drop(attached);
+        // A delete marks the record before it detaches what is attached:
+        // if one ran while this open was preparing, undo the attach.
+        let current = self.catalog.get(name)?;
+        if current.as_ref().is_none_or(|r| r.id != record.id || r.state != DatasetState::Sealed) {
+            let mut attached = self.attached.lock().await;
+            if attached.get(name).is_some_and(|entry| entry.slot == slot) {
+                attached.remove(name);
+                drop(attached);
+                self.plane.detach(slot).await;
+            }
+            return Err(ControlError::Catalog(CatalogError::Unknown(name.to_string())));
+        }
         Ok((slot, info))
     }
 }
@@ -1373,13 +1426,33 @@ impl IngestSession<'_> {
 }
 
 /// The data-plane transports open datasets through the control plane.
-pub struct Resolver(pub Arc<ControlPlane>);
+///
+/// Opens run on the control side's runtime, not on the threads that serve
+/// data connections: the grant check, the catalog, loading block
+/// checksums and attaching are control work, and a connection on a data
+/// thread only waits for the answer.
+pub struct Resolver {
+    control: Arc<ControlPlane>,
+    runtime: tokio::runtime::Handle,
+}
 
-impl DatasetResolver for Resolver {
-    async fn open(&self, name: String, token: Option<String>, peer_name: Option<String>) -> Result<Opened, OpenError> {
+impl Resolver {
+    /// A resolver whose opens run on `runtime` (the control runtime).
+    pub fn new(control: Arc<ControlPlane>, runtime: tokio::runtime::Handle) -> Self {
+        Self { control, runtime }
+    }
+}
+
+impl ControlPlane {
+    async fn open_dataset(
+        self: Arc<Self>,
+        name: String,
+        token: Option<String>,
+        peer_name: Option<String>,
+    ) -> Result<Opened, OpenError> {
         // Access first: nothing is attached for a client without a grant.
-        let grant = self.0.check_grant(&name, token.as_deref(), peer_name.as_deref())?;
-        let (slot, info) = self.0.open_for_read(&name).await.map_err(|err| {
+        let grant = self.check_grant(&name, token.as_deref(), peer_name.as_deref())?;
+        let (slot, info) = self.open_for_read(&name).await.map_err(|err| {
             let code = match &err {
                 ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,
                 ControlError::State { .. } => ErrorCode::NotSealed,
@@ -1389,16 +1462,26 @@ impl DatasetResolver for Resolver {
             OpenError { code, message: err.to_string() }
         })?;
         let mut info = info;
-        info.replicas = self.0.replica_endpoints(&name);
-        Ok(Opened { slot, info, grant, counters: self.0.counters(&name) })
+        info.replicas = self.replica_endpoints(&name);
+        Ok(Opened { slot, info, grant, counters: self.counters(&name) })
+    }
+}
+
+impl DatasetResolver for Resolver {
+    async fn open(&self, name: String, token: Option<String>, peer_name: Option<String>) -> Result<Opened, OpenError> {
+        let opening = Arc::clone(&self.control).open_dataset(name, token, peer_name);
+        self.runtime
+            .spawn(opening)
+            .await
+            .map_err(|e| OpenError { code: ErrorCode::Internal, message: format!("open task: {e}") })?
     }
 
     fn grant_live(&self, grant: u64) -> bool {
-        self.0.grant_live(grant)
+        self.control.grant_live(grant)
     }
 
     fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.0.revocations.subscribe()
+        self.control.revocations.subscribe()
     }
 }
 
