@@ -42,6 +42,9 @@ fn with_stall_retry(command: &str, tag: &str) -> String {
     )
 }
 
+/// Where the storage node serves `GET /metrics` to a scraper (loopback).
+const METRICS_PORT: u16 = 7079;
+
 #[test]
 fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let Some(rig) =
@@ -70,7 +73,10 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
 
     rig.start_sluiced(
         &storage,
-        &format!("--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT} {}", tls.sluiced_args()),
+        &format!(
+            "--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT} {} --metrics-listen 127.0.0.1:{METRICS_PORT}",
+            tls.sluiced_args()
+        ),
     )
     .expect("start sluiced");
     let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
@@ -203,12 +209,13 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         );
     }
     rig.sh(Host::Training, "kill -9 $(cat /tmp/victim.pid)").expect("kill the client mid-batch");
+    // Metrics come from the scraper's own address on the storage host.
     let leased = rig
         .exec_with(
-            Host::Training,
+            Host::Storage,
             &format!(
                 "for i in $(seq 1 100); do \
-                   n=$(busybox wget -qO- {endpoint}/metrics | awk '/^sluice_dma_slots_leased/ {{print $2}}'); \
+                   n=$(busybox wget -qO- http://127.0.0.1:{METRICS_PORT}/metrics | awk '/^sluice_dma_slots_leased/ {{print $2}}'); \
                    [ \"$n\" = 0 ] && echo returned && exit 0; sleep 0.2; done; echo \"still leased: $n\"; exit 1"
             ),
             Duration::from_secs(60),
