@@ -61,11 +61,13 @@ fn ranges(count: u64, len: u32, stride: u64) -> Vec<RangeDescriptor> {
 }
 
 /// A good client reading random batches and checking every byte until
-/// `stop`; returns how many batches it read, and its batch latencies.
+/// `stop`, counting them in `done`; returns how many batches it read, and
+/// its batch latencies.
 fn good_reader(
     endpoint: String,
     data: Arc<Vec<u8>>,
     stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<(u64, Vec<Duration>)> {
     std::thread::spawn(move || {
         let dataset = Client::connect(&endpoint).expect("connect").open("data").expect("open");
@@ -89,6 +91,7 @@ fn good_reader(
                 let want = &data[r.offset as usize..r.offset as usize + 4096];
                 assert!(&buf[i * 4096..(i + 1) * 4096] == want, "a good read differs");
             }
+            done.fetch_add(1, Ordering::Relaxed);
         }
         (latencies.len() as u64, latencies)
     })
@@ -106,8 +109,9 @@ fn batches_over_the_announced_footprint_are_too_large() {
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 64 << 20, 5));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
     let stop = Arc::new(AtomicBool::new(false));
-
-    let good = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop));
+    let done = Arc::new(AtomicU64::new(0));
+    let good = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop), Arc::clone(&done));
+    assert!(eventually(30, || done.load(Ordering::Relaxed) > 0), "the good client reads");
 
     // 64 ranges of 1 MiB: 64 MiB of DMA, eight times the announced 8 MiB.
     let mut hostile = opened(&node.data_addr, "data");
@@ -131,6 +135,8 @@ fn batches_over_the_announced_footprint_are_too_large() {
     let (_, payload) = read_frame(&mut hostile);
     let head = BatchResponseHeader::read_from_bytes(&payload[..BatchResponseHeader::SIZE]).expect("head");
     assert_eq!(head.status.get(), BatchStatus::Ok as u32);
+    let before = done.load(Ordering::Relaxed);
+    assert!(eventually(30, || done.load(Ordering::Relaxed) > before), "the good client still reads");
     stop.store(true, Ordering::Relaxed);
     let (batches, latencies) = good.join().expect("the good client read byte-exact throughout");
     assert!(batches > 0);
@@ -171,7 +177,9 @@ fn connections_that_never_say_hello_are_closed_at_the_deadline() {
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
     let fds_before = node.fd_count();
     let stop = Arc::new(AtomicBool::new(false));
-    let good = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop));
+    let done = Arc::new(AtomicU64::new(0));
+    let good = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop), Arc::clone(&done));
+    assert!(eventually(30, || done.load(Ordering::Relaxed) > 0), "the good client reads");
 
     // Five sources of a thousand silent connections each (the per-source
     // cap would refuse more from one).
@@ -202,6 +210,8 @@ fn connections_that_never_say_hello_are_closed_at_the_deadline() {
     let waited = started.elapsed();
     assert_eq!(closed, SILENT, "silent connections left open");
     assert!(eventually(20, || node.fd_count() <= fds_before + 8), "descriptors came back: {}", node.fd_count());
+    let before = done.load(Ordering::Relaxed);
+    assert!(eventually(30, || done.load(Ordering::Relaxed) > before), "the good client still reads");
     stop.store(true, Ordering::Relaxed);
     let (batches, latencies) = good.join().expect("the good client read byte-exact throughout");
     assert!(batches > 0);
@@ -217,11 +227,16 @@ fn a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return() {
     let node = NodeProcess::start(&dir.path().join("node"));
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 96 << 20, 7));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
+    // Opened once, so the dataset's files are open before the count.
+    drop(opened(&node.data_addr, "data"));
+    assert!(eventually(10, || node.fd_count() > 0));
+    std::thread::sleep(Duration::from_millis(300));
     let fds_before = node.fd_count();
 
-    // 64 batches of 8 MiB queued (every credit), then a byte a second.
+    // 64 batches of 7 MiB queued (every credit; within the announced
+    // 8 MiB footprint), then a byte a second.
     let mut slow = opened(&node.data_addr, "data");
-    let batch = ranges(8, 1 << 20, 1 << 20);
+    let batch = ranges(7, 1 << 20, 1 << 20);
     let mut frame = Vec::new();
     for id in 0..64 {
         wire::encode_batch_request(&mut frame, id, 1, &batch);

@@ -501,8 +501,21 @@ impl<R: DatasetResolver> Session<R> {
                 }
                 self.batches_in_flight += 1;
                 let range_count = ranges.len() as u32;
+                // The limits announced at Hello hold: a batch over them
+                // costs the core nothing.
+                let ranges_max = self
+                    .config
+                    .ranges_per_batch_max
+                    .min(self.qp.caps().send_wr.saturating_sub(SEND_QUEUE_SLACK).max(1));
+                let footprint: u64 =
+                    ranges.iter().map(|r| sluice_dataplane::plan::footprint_bound_bytes(r.len_bytes)).sum();
+                let too_large = range_count > ranges_max || footprint > self.config.batch_footprint_max_bytes;
                 let refused = match self.handles.get(&handle) {
                     None => Some(BatchStatus::UnknownHandle),
+                    Some((_, counters, _)) if too_large => {
+                        counters.record_failed_batch();
+                        Some(BatchStatus::TooLarge)
+                    }
                     Some((_, counters, _)) if !fits => {
                         counters.record_failed_batch();
                         Some(BatchStatus::BadDestination)

@@ -308,12 +308,19 @@ impl<R: DatasetResolver> Connection<R> {
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
         let drain =
             Drain { write_timeout: self.config.write_timeout, bytes_per_s_min: self.config.drain_bytes_per_s_min };
-        let writer = tokio::spawn(write_loop(writer, out_rx, drain, self.peer));
+        let mut writer = tokio::spawn(write_loop(writer, out_rx, drain, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let granted = std::sync::Mutex::new(Vec::new());
+        // The writer ends first when the client stops draining: then the
+        // whole connection goes, not only its writing half.
+        let mut writer_done = false;
         let outcome = tokio::select! {
             outcome = self.read_loop(&mut reader, &out_tx, &semaphore, &granted, &peer_name) => outcome,
             name = self.revoked(&granted) => Err(Fatal::Revoked(name)),
+            _ = &mut writer => {
+                writer_done = true;
+                Err(Fatal::Io(std::io::ErrorKind::TimedOut.into()))
+            }
         };
         match outcome {
             Ok(()) => tracing::debug!(peer = %self.peer, "client closed the connection"),
@@ -325,7 +332,9 @@ impl<R: DatasetResolver> Connection<R> {
             }
         }
         drop(out_tx);
-        let _ = writer.await;
+        if !writer_done {
+            let _ = writer.await;
+        }
     }
 
     /// Resolves when a grant this connection opened a dataset under is
