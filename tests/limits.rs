@@ -108,6 +108,12 @@ fn batches_over_the_announced_footprint_are_too_large() {
     let node = NodeProcess::start(&dir.path().join("node"));
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 64 << 20, 5));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
+    // The good client alone first, for its p99 beside the attack's.
+    let (stop_alone, done_alone) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let alone = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop_alone), done_alone);
+    std::thread::sleep(Duration::from_secs(2));
+    stop_alone.store(true, Ordering::Relaxed);
+    let (_, alone_latencies) = alone.join().expect("the good client alone");
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let good = good_reader(node.endpoint.clone(), Arc::clone(&data), Arc::clone(&stop), Arc::clone(&done));
@@ -141,8 +147,9 @@ fn batches_over_the_announced_footprint_are_too_large() {
     let (batches, latencies) = good.join().expect("the good client read byte-exact throughout");
     assert!(batches > 0);
     eprintln!(
-        "{} oversized batches refused; good client: {batches} batches, p99 {:?} beside them",
+        "{} oversized batches refused; good client p99 {:?} alone, {:?} beside them ({batches} batches)",
         refused.load(Ordering::Relaxed),
+        p99(alone_latencies),
         p99(latencies)
     );
 }
