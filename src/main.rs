@@ -63,6 +63,8 @@ struct QuickstartArgs {
 }
 
 fn main() -> ExitCode {
+    // The embedded node's files are its own, as sluiced's are.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

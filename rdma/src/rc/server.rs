@@ -116,6 +116,9 @@ impl RdmaListener {
     ) -> Result<(), VerbsError> {
         let events = readiness(Arc::clone(&self.channel), "registering the rdma_cm channel")?;
         let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
+        // Connections that have not yet opened a dataset hold a queue pair
+        // and message slots: only this many at once.
+        let unauthenticated = Arc::new(Semaphore::new(PRE_AUTH_SESSIONS_MAX));
         let mut next_client_id = 1u32 << 31;
         loop {
             tokio::select! {
@@ -138,8 +141,14 @@ impl RdmaListener {
                             let _ = id.reject();
                             continue;
                         };
+                        let Ok(pre_auth) = Arc::clone(&unauthenticated).try_acquire_owned() else {
+                            tracing::warn!("refusing an RDMA connection: {PRE_AUTH_SESSIONS_MAX} have not opened a dataset yet");
+                            let _ = id.reject();
+                            continue;
+                        };
                         next_client_id = next_client_id.wrapping_add(1) | (1 << 31);
-                        let session = Session::setup(id, Arc::clone(&self.device), Arc::clone(&resolver), config.clone(), next_client_id);
+                        let session = Session::setup(id, Arc::clone(&self.device), Arc::clone(&resolver), config.clone(), next_client_id)
+                            .map(|session| session.before_authentication(pre_auth));
                         tokio::spawn(async move {
                             match session {
                                 Ok(session) => session.run().await,
@@ -245,9 +254,19 @@ struct Session<R> {
     handles: HashMap<u32, (DatasetSlot, Arc<DatasetCounters>, FlowLease)>,
     next_handle: u32,
     greeted: bool,
+    /// Held until the first dataset opens: the place in the small pool of
+    /// connections that have not authenticated.
+    pre_auth: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// When the connection was set up, for the handshake deadline.
+    started: Instant,
     granted: Vec<(u64, String)>,
     scratch: Vec<u8>,
 }
+
+/// RDMA connections set up (queue pair, registered message slots) that
+/// have not yet opened a dataset; more are rejected until one does or is
+/// closed at the handshake deadline.
+const PRE_AUTH_SESSIONS_MAX: usize = 32;
 
 impl<R: DatasetResolver> Session<R> {
     /// Creates the queue pair and message slots, posts every receive, and
@@ -317,9 +336,18 @@ impl<R: DatasetResolver> Session<R> {
             handles: HashMap::new(),
             next_handle: 1,
             greeted: false,
+            pre_auth: None,
+            started: Instant::now(),
             granted: Vec::new(),
             scratch: Vec::with_capacity(RESPONSE_SLOT_BYTES),
         })
+    }
+
+    /// This session holds `permit` of the pre-authentication pool until it
+    /// opens a dataset.
+    fn before_authentication(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self.pre_auth = Some(permit);
+        self
     }
 
     async fn run(mut self) {
@@ -413,6 +441,11 @@ impl<R: DatasetResolver> Session<R> {
                     self.flush()?;
                 }
                 _ = watchdog.tick() => {
+                    if self.pre_auth.is_some() && self.started.elapsed() > self.config.handshake_timeout {
+                        return Err(Fatal::Protocol(
+                            "no Hello and Open within the handshake deadline".into(),
+                        ));
+                    }
                     let oldest = self.in_flight.iter().flatten().map(|f| f.posted).min();
                     if let Some(posted) = oldest.filter(|p| p.elapsed() > self.config.write_timeout) {
                         return Err(Fatal::Completion(format!(
@@ -588,6 +621,8 @@ impl<R: DatasetResolver> Session<R> {
                                     self.granted.push((grant, name));
                                 }
                             }
+                            // Authenticated: its place in the small pool goes.
+                            self.pre_auth = None;
                             ControlMessage::Opened { handle, info }
                         }
                         Err(err) => ControlMessage::Error { code: err.code, message: err.message },
