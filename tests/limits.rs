@@ -97,6 +97,21 @@ fn good_reader(
     })
 }
 
+/// Waits for the good client to read once more (it was not stopped by
+/// what came before), stops it and returns its figures.
+fn still_reading_then_stop(
+    done: &AtomicU64,
+    stop: &AtomicBool,
+    good: std::thread::JoinHandle<(u64, Vec<Duration>)>,
+) -> (u64, Vec<Duration>) {
+    let before = done.load(Ordering::Relaxed);
+    assert!(eventually(30, || done.load(Ordering::Relaxed) > before), "the good client still reads");
+    stop.store(true, Ordering::Relaxed);
+    let figures = good.join().expect("the good client read byte-exact throughout");
+    assert!(figures.0 > 0);
+    figures
+}
+
 fn p99(mut latencies: Vec<Duration>) -> Duration {
     latencies.sort();
     latencies.get(latencies.len() * 99 / 100).copied().unwrap_or_default()
@@ -141,11 +156,7 @@ fn batches_over_the_announced_footprint_are_too_large() {
     let (_, payload) = read_frame(&mut hostile);
     let head = BatchResponseHeader::read_from_bytes(&payload[..BatchResponseHeader::SIZE]).expect("head");
     assert_eq!(head.status.get(), BatchStatus::Ok as u32);
-    let before = done.load(Ordering::Relaxed);
-    assert!(eventually(30, || done.load(Ordering::Relaxed) > before), "the good client still reads");
-    stop.store(true, Ordering::Relaxed);
-    let (batches, latencies) = good.join().expect("the good client read byte-exact throughout");
-    assert!(batches > 0);
+    let (batches, latencies) = still_reading_then_stop(&done, &stop, good);
     eprintln!(
         "{} oversized batches refused; good client p99 {:?} alone, {:?} beside them ({batches} batches)",
         refused.load(Ordering::Relaxed),
@@ -217,11 +228,7 @@ fn connections_that_never_say_hello_are_closed_at_the_deadline() {
     let waited = started.elapsed();
     assert_eq!(closed, SILENT, "silent connections left open");
     assert!(eventually(20, || node.fd_count() <= fds_before + 8), "descriptors came back: {}", node.fd_count());
-    let before = done.load(Ordering::Relaxed);
-    assert!(eventually(30, || done.load(Ordering::Relaxed) > before), "the good client still reads");
-    stop.store(true, Ordering::Relaxed);
-    let (batches, latencies) = good.join().expect("the good client read byte-exact throughout");
-    assert!(batches > 0);
+    let (batches, latencies) = still_reading_then_stop(&done, &stop, good);
     eprintln!(
         "{SILENT} silent connections closed within {waited:?}; good client {batches} batches, p99 {:?}",
         p99(latencies)
