@@ -116,13 +116,27 @@ impl UringTracer {
     }
 }
 
-/// Mounts tracefs at /sys/kernel/tracing when it is empty (a system whose
-/// init did not), as `mount -t tracefs` would.
-fn ensure_tracefs() -> Result<(), UringTraceError> {
+/// `TRACEFS_MAGIC` of `linux/magic.h`.
+const TRACEFS_MAGIC: i64 = 0x7472_6163;
+
+fn tracefs_mounted() -> bool {
     let populated = std::fs::read_dir(TRACEFS).map(|mut entries| entries.next().is_some()).unwrap_or(false);
-    if populated {
+    populated
+        || nix::sys::statfs::statfs(TRACEFS)
+            .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FsType(TRACEFS_MAGIC as _))
+}
+
+/// Mounts tracefs at /sys/kernel/tracing when nothing has (a system whose
+/// init did not), as `mount -t tracefs` would. Safe when several
+/// processes do it at once on a fresh host: one that loses the race gets
+/// `EBUSY` from the kernel, finds tracefs mounted, and goes on.
+pub fn ensure_tracefs() -> Result<(), UringTraceError> {
+    if tracefs_mounted() {
         return Ok(());
     }
-    nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>)
-        .map_err(|e| UringTraceError::Tracefs(e.into()))
+    match nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>) {
+        Ok(()) => Ok(()),
+        Err(_) if tracefs_mounted() => Ok(()),
+        Err(err) => Err(UringTraceError::Tracefs(err.into())),
+    }
 }
