@@ -126,6 +126,10 @@ pub struct NodeConfig {
     /// With `policy_load`, only objects with these sha256 digests
     /// (`sha256:<hex>` or bare hex) may be loaded.
     pub policy_allowlist: Vec<String>,
+    /// Take the catalog as the truth where the data directory belongs to
+    /// another (`--adopt`, once; never from a config file).
+    #[serde(skip)]
+    pub adopt: bool,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
     /// etcd client endpoint (`http://host:2379`): keep the catalog there,
@@ -200,6 +204,7 @@ impl Default for NodeConfig {
             operator_cert_names: Vec::new(),
             policy_load: false,
             policy_allowlist: Vec::new(),
+            adopt: false,
             faults: None,
             etcd: None,
             etcd_prefix: "/sluice".into(),

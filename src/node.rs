@@ -190,6 +190,7 @@ impl Node {
                 controllers: config.nvme_controllers.clone(),
             },
             catalog,
+            config.adopt,
         )?);
         control.set_access(access);
         control.set_policy_rules(sluice_control::PolicyRules {

@@ -52,6 +52,8 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("GET", "/openapi.json", Access::Public),
     ("GET", "/metrics", Access::Metrics),
     ("GET", "/v1/devices", Access::Operator),
+    ("GET", "/v1/orphans", Access::Operator),
+    ("DELETE", "/v1/orphans", Access::Operator),
     ("GET", "/v1/cluster", Access::Operator),
     ("GET", "/v1/trace", Access::Operator),
     ("GET", "/v1/policy", Access::Operator),
@@ -84,6 +86,7 @@ pub fn router(control: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route("/v1/devices", get(devices))
+        .route("/v1/orphans", get(orphans).delete(purge_orphans))
         .route("/v1/cluster", get(cluster))
         .route("/v1/trace", get(trace))
         .route(
@@ -399,6 +402,8 @@ impl<S: Send + Sync> FromRequest<S> for ApiBytes {
         openapi,
         metrics,
         devices,
+        orphans,
+        purge_orphans,
         cluster,
         trace,
         show_policy,
@@ -439,6 +444,34 @@ async fn metrics(State(control): State<Shared>) -> Result<impl IntoResponse, Api
 async fn devices(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
     let devices = tokio::task::spawn_blocking(move || control.devices()).await.map_err(|e| internal(e.to_string()))?;
     Ok(Json(devices))
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OrphanFile {
+    pub path: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Purged {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Files no record owns, quarantined in `DATA_DIR/orphans/` (never deleted
+/// without an operator's word).
+#[utoipa::path(get, path = "/v1/orphans", tag = "operations", responses((status = 200, body = Vec<OrphanFile>)))]
+async fn orphans(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
+    let files = tokio::task::spawn_blocking(move || control.orphans()).await.map_err(|e| internal(e.to_string()))?;
+    Ok(Json(files.into_iter().map(|(path, bytes)| OrphanFile { path, bytes }).collect::<Vec<_>>()))
+}
+
+/// Deletes every quarantined file.
+#[utoipa::path(delete, path = "/v1/orphans", tag = "operations", responses((status = 200, body = Purged)))]
+async fn purge_orphans(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
+    let (files, bytes) =
+        tokio::task::spawn_blocking(move || control.purge_orphans()).await.map_err(|e| internal(e.to_string()))??;
+    Ok(Json(Purged { files, bytes }))
 }
 
 #[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::node::ClusterStatus), (status = 409, body = ApiErrorBody)))]

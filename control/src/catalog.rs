@@ -19,6 +19,9 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NEXT_ID: &str = "next_dataset_id";
 /// Access grants by id (JSON [`GrantRecord`]s).
 const GRANTS: TableDefinition<u64, &[u8]> = TableDefinition::new("grants");
+/// The catalog's identity (`catalog_id`), written once.
+const IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("identity");
+const CATALOG_ID: &str = "catalog_id";
 const NEXT_GRANT_ID: &str = "next_grant_id";
 
 /// Most datasets one node's catalog holds.
@@ -188,6 +191,11 @@ pub trait CatalogStore: Send + Sync {
     fn grants(&self) -> Result<Vec<GrantRecord>, CatalogError>;
     /// Where the catalog lives, for the node's description.
     fn describe(&self) -> String;
+    /// The catalog's identity, once one was claimed.
+    fn identity(&self) -> Result<Option<String>, CatalogError>;
+    /// Makes `id` the catalog's identity unless it has one already;
+    /// returns the identity it has now.
+    fn claim_identity(&self, id: &str) -> Result<String, CatalogError>;
 
     fn require(&self, name: &str) -> Result<DatasetRecord, CatalogError> {
         self.get(name)?.ok_or_else(|| CatalogError::Unknown(name.to_string()))
@@ -244,6 +252,7 @@ impl Catalog {
             txn.open_table(CHUNK_CRCS).map_err(store)?;
             txn.open_table(META).map_err(store)?;
             txn.open_table(GRANTS).map_err(store)?;
+            txn.open_table(IDENTITY).map_err(store)?;
         }
         txn.commit().map_err(store)?;
         Ok(Self { db, path: path.to_path_buf() })
@@ -251,6 +260,29 @@ impl Catalog {
 }
 
 impl CatalogStore for Catalog {
+    fn identity(&self) -> Result<Option<String>, CatalogError> {
+        let txn = self.db.begin_read().map_err(store)?;
+        let table = txn.open_table(IDENTITY).map_err(store)?;
+        Ok(table.get(CATALOG_ID).map_err(store)?.map(|v| v.value().to_string()))
+    }
+
+    fn claim_identity(&self, id: &str) -> Result<String, CatalogError> {
+        let txn = self.db.begin_write().map_err(store)?;
+        let current = {
+            let mut table = txn.open_table(IDENTITY).map_err(store)?;
+            let existing = table.get(CATALOG_ID).map_err(store)?.map(|v| v.value().to_string());
+            match existing {
+                Some(existing) => existing,
+                None => {
+                    table.insert(CATALOG_ID, id).map_err(store)?;
+                    id.to_string()
+                }
+            }
+        };
+        txn.commit().map_err(store)?;
+        Ok(current)
+    }
+
     fn create(
         &self,
         name: &str,

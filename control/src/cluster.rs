@@ -282,6 +282,24 @@ impl Drop for Membership {
 }
 
 impl CatalogStore for EtcdCatalog {
+    fn identity(&self) -> Result<Option<String>, CatalogError> {
+        let kv = self.etcd.get(&self.key("meta/catalog_id"))?;
+        Ok(kv.map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+
+    fn claim_identity(&self, id: &str) -> Result<String, CatalogError> {
+        let key = self.key("meta/catalog_id");
+        // Create-only: of nodes starting at once, one identity wins.
+        let ops = [Op::Put { key: key.clone(), value: id.as_bytes().to_vec() }];
+        self.etcd.txn(&[Compare::Absent(key)], &ops)?;
+        self.identity()?.ok_or_else(|| {
+            CatalogError::Cluster(crate::etcd::EtcdError::Answer {
+                endpoint: self.etcd.endpoint().to_string(),
+                message: "the catalog identity vanished right after it was written".into(),
+            })
+        })
+    }
+
     fn create(
         &self,
         name: &str,

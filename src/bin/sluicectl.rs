@@ -73,6 +73,10 @@ enum Command {
     /// Each dataset's namespace: kind, path, offset, length and why there.
     #[command(subcommand)]
     Namespaces(ListCommand),
+    /// Files no record owns, quarantined in DATA_DIR/orphans/: list them,
+    /// or delete them all.
+    #[command(subcommand)]
+    Orphans(OrphansCommand),
     /// The cluster (nodes sharing a catalog in etcd): live members and each
     /// dataset's placement and copies.
     Cluster,
@@ -163,6 +167,13 @@ enum DatasetCommand {
 #[derive(Subcommand, Debug)]
 enum ListCommand {
     Ls,
+}
+
+#[derive(Subcommand, Debug)]
+enum OrphansCommand {
+    Ls,
+    /// Deletes every quarantined file (the node never does on its own).
+    Purge,
 }
 
 #[derive(Subcommand, Debug)]
@@ -287,6 +298,7 @@ fn run(cli: &Cli) -> Result<()> {
         Command::Policy(command) => policy(&api, cli.json, command),
         Command::Devices(ListCommand::Ls) => devices(&api, cli.json),
         Command::Namespaces(ListCommand::Ls) => namespaces(&api, cli.json),
+        Command::Orphans(command) => orphans(&api, cli.json, command),
         Command::Cluster => cluster(&api, cli.json),
         Command::Read { name, offset, len, output } => read(&api, name, *offset, *len, output.as_deref()),
         Command::Scrub { name } => scrub(&api, name, cli.json),
@@ -363,6 +375,28 @@ fn devices(api: &Api, json: bool) -> Result<()> {
             d.used_bytes,
             if d.datasets.is_empty() { "-".to_string() } else { d.datasets.join(",") }
         );
+    }
+    Ok(())
+}
+
+fn orphans(api: &Api, json: bool, command: &OrphansCommand) -> Result<()> {
+    let answer: Value = match command {
+        OrphansCommand::Ls => api.get_json("/v1/orphans")?,
+        OrphansCommand::Purge => {
+            api.call(api.request("DELETE", "/v1/orphans").call())?.into_json().map_err(|e| e.to_string())?
+        }
+    };
+    if json {
+        println!("{answer}");
+        return Ok(());
+    }
+    match command {
+        OrphansCommand::Ls => {
+            for file in answer.as_array().into_iter().flatten() {
+                println!("{:>16}  {}", file["bytes"], file["path"].as_str().unwrap_or(""));
+            }
+        }
+        OrphansCommand::Purge => println!("purged {} files, {} bytes", answer["files"], answer["bytes"]),
     }
     Ok(())
 }

@@ -92,6 +92,11 @@ struct Args {
     /// Let operators swap the steering policy at run time (PUT /v1/policy).
     #[arg(long)]
     policy_load: bool,
+    /// Take the catalog as the truth where the data directory belongs to
+    /// another catalog: files it does not list are moved to
+    /// DATA_DIR/orphans/ (never deleted).
+    #[arg(long)]
+    adopt: bool,
     /// Serve GET /metrics, unauthenticated, on this address of its own.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_listen: Option<SocketAddr>,
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
     config.insecure |= args.insecure;
     config.data_tls |= args.data_tls;
     config.policy_load |= args.policy_load;
+    config.adopt = args.adopt;
     if args.admin_tokens.is_some() {
         config.admin_tokens = args.admin_tokens;
     }

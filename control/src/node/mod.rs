@@ -67,6 +67,8 @@ pub enum ControlError {
     Elsewhere { name: String, elsewhere: Vec<String> },
     #[error("{0}")]
     Cluster(String),
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 impl ControlError {
@@ -95,6 +97,7 @@ impl ControlError {
             Self::Records(_) => "bad_input",
             Self::Elsewhere { .. } => "elsewhere",
             Self::Cluster(_) => "cluster",
+            Self::Identity(_) => "identity",
         }
     }
 }
@@ -106,6 +109,9 @@ struct Attached {
 
 pub struct ControlPlane {
     catalog: Arc<dyn CatalogStore>,
+    /// Where files no record owns are quarantined until an operator
+    /// purges them.
+    orphan_dir: PathBuf,
     /// The same catalog when it is etcd's: replicas and membership.
     cluster: Option<Arc<EtcdCatalog>>,
     /// Copies of each dataset a cluster keeps.
@@ -173,8 +179,9 @@ fn block_device_bytes(path: &Path) -> u64 {
 pub struct DeviceReport {
     /// `nvme_namespace` (a configured namespace device), `nvme_attached` or
     /// `nvme_detached` (a namespace of a configured controller, path
-    /// `CONTROLLER:NSID`), or `data_dir` (the filesystem holding file
-    /// namespaces).
+    /// `CONTROLLER:NSID`), `data_dir` (the filesystem holding file
+    /// namespaces), or `orphan` (a file no record owned, quarantined in
+    /// `DATA_DIR/orphans/` until `sluicectl orphans purge`).
     pub kind: String,
     pub path: String,
     pub capacity_bytes: u64,
@@ -287,16 +294,19 @@ impl ControlPlane {
         plane: Arc<DataPlane>,
         pool: NamespacePool,
     ) -> Result<Self, ControlError> {
-        Self::open_with(data_dir, driver, plane, pool, CatalogChoice::Local)
+        Self::open_with(data_dir, driver, plane, pool, CatalogChoice::Local, false)
     }
 
     /// As [`ControlPlane::open`], with the catalog where `choice` says.
+    /// The data directory must belong to that catalog
+    /// ([`crate::identity`]); `adopt` takes the catalog as the truth.
     pub fn open_with(
         data_dir: &Path,
         driver: Arc<dyn BlockDriver>,
         plane: Arc<DataPlane>,
         pool: NamespacePool,
         choice: CatalogChoice,
+        adopt: bool,
     ) -> Result<Self, ControlError> {
         let NamespacePool { devices: namespace_devices, controllers: nvme_controllers } = pool;
         for device in &namespace_devices {
@@ -321,6 +331,10 @@ impl ControlPlane {
             name: data_dir.join("checksums").display().to_string(),
             message: e.to_string(),
         })?;
+        let node_id = match &choice {
+            CatalogChoice::Etcd { node, .. } => Some(node.clone()),
+            CatalogChoice::Local => None,
+        };
         let (catalog, cluster, replication, repair_after): (Arc<dyn CatalogStore>, _, _, _) = match choice {
             CatalogChoice::Local => {
                 (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1, std::time::Duration::MAX)
@@ -330,8 +344,11 @@ impl ControlPlane {
                 (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1), repair_after)
             }
         };
+        crate::identity::reconcile(data_dir, &*catalog, node_id.as_deref(), adopt)?;
+        let orphan_dir = data_dir.join("orphans");
         let control = Self {
             catalog,
+            orphan_dir,
             cluster,
             replication,
             repair_after,
@@ -399,12 +416,60 @@ impl ControlPlane {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if !known.contains(&path) {
-                    tracing::info!("removing orphaned file {}", path.display());
-                    let _ = std::fs::remove_file(&path);
+                    self.quarantine(&path)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Moves a file no record owns into `orphans/`, under a name that says
+    /// where it was; never deletes it.
+    fn quarantine(&self, path: &Path) -> Result<(), ControlError> {
+        let failed =
+            |e: std::io::Error| ControlError::Namespace { name: path.display().to_string(), message: e.to_string() };
+        std::fs::create_dir_all(&self.orphan_dir).map_err(failed)?;
+        let from =
+            path.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut target = self.orphan_dir.join(format!("{from}-{name}"));
+        let mut n = 1;
+        while target.exists() {
+            target = self.orphan_dir.join(format!("{from}-{name}.{n}"));
+            n += 1;
+        }
+        std::fs::rename(path, &target).map_err(failed)?;
+        tracing::warn!(
+            "quarantined {} as {}: no record owns it (`sluicectl orphans purge` deletes quarantined files)",
+            path.display(),
+            target.display()
+        );
+        Ok(())
+    }
+
+    /// The files quarantined in `orphans/`: (path, bytes).
+    pub fn orphans(&self) -> Vec<(String, u64)> {
+        let mut files: Vec<(String, u64)> = std::fs::read_dir(&self.orphan_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| Some((e.path().display().to_string(), e.metadata().ok()?.len())))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Deletes every quarantined file, on an operator's word: (files, bytes).
+    pub fn purge_orphans(&self) -> Result<(u64, u64), ControlError> {
+        let (mut files, mut bytes) = (0, 0);
+        for (path, len) in self.orphans() {
+            std::fs::remove_file(&path)
+                .map_err(|e| ControlError::Namespace { name: path.clone(), message: e.to_string() })?;
+            tracing::warn!("purged quarantined file {path} ({len} bytes)");
+            files += 1;
+            bytes += len;
+        }
+        Ok((files, bytes))
     }
 
     pub fn set_info(&self, update: impl FnOnce(&mut NodeInfo)) {
@@ -993,6 +1058,15 @@ impl ControlPlane {
             used_bytes: capacity_bytes.saturating_sub(available_bytes),
             datasets: in_files.iter().map(|r| r.name.clone()).collect(),
         });
+        for (path, bytes) in self.orphans() {
+            out.push(DeviceReport {
+                kind: "orphan".into(),
+                path,
+                capacity_bytes: 0,
+                used_bytes: bytes,
+                datasets: Vec::new(),
+            });
+        }
         out
     }
 
@@ -1060,8 +1134,20 @@ impl ControlPlane {
             },
         ];
         // Capacity comes from the same report `GET /v1/devices` serves.
+        let (orphans, devices): (Vec<DeviceReport>, Vec<DeviceReport>) =
+            self.devices().into_iter().partition(|d| d.kind == "orphan");
+        gauges.push(Gauge {
+            name: "sluice_orphaned_files",
+            help: "Files no record owns, quarantined in DATA_DIR/orphans/ until an operator purges them.",
+            samples: vec![(vec![], orphans.len() as f64)],
+        });
+        gauges.push(Gauge {
+            name: "sluice_orphaned_bytes",
+            help: "Bytes of the quarantined files.",
+            samples: vec![(vec![], orphans.iter().map(|o| o.used_bytes).sum::<u64>() as f64)],
+        });
         let (data_dirs, namespaces): (Vec<DeviceReport>, Vec<DeviceReport>) =
-            self.devices().into_iter().partition(|d| d.kind == "data_dir");
+            devices.into_iter().partition(|d| d.kind == "data_dir");
         let per_device = |value: fn(&DeviceReport) -> u64| -> Vec<(Vec<(&'static str, String)>, f64)> {
             namespaces.iter().map(|d| (vec![("device", d.path.clone())], value(d) as f64)).collect()
         };
