@@ -71,8 +71,23 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
+/// ring's provider with AES-128-GCM first: as strong as a data path
+/// needs, and ~30 % less CPU per byte than AES-256-GCM (10 rounds against
+/// 14), which a node serving GB/s spends on every byte. Both ends prefer
+/// it, so it is what they agree on; the others stay for peers without it.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::CipherSuite::{
+        TLS13_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    };
+    let mut provider = rustls::crypto::ring::default_provider();
+    let aes_128 = |suite: &rustls::SupportedCipherSuite| {
+        matches!(
+            suite.suite(),
+            TLS13_AES_128_GCM_SHA256 | TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 | TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    };
+    provider.cipher_suites.sort_by_key(|suite| !aes_128(suite));
+    Arc::new(provider)
 }
 
 fn roots(ca: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
@@ -182,6 +197,14 @@ mod tests {
         assert!(err.to_string().contains("holds no PEM private key"), "{err}");
         let err = load_certs("CA file", &dir.join("absent.pem")).expect_err("absent");
         assert!(err.to_string().contains("reading CA file"), "{err}");
+    }
+
+    /// AES-128-GCM is offered first (TLS 1.3, then 1.2); nothing is dropped.
+    #[test]
+    fn aes_128_gcm_comes_first() {
+        let suites = &provider().cipher_suites;
+        assert_eq!(suites[0].suite(), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(suites.len(), rustls::crypto::ring::default_provider().cipher_suites.len());
     }
 
     #[test]
