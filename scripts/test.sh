@@ -23,11 +23,12 @@ $SUDO apt-get update -q
 # The benchmark suite's peers: nbdkit (+ fio's nbd engine), nginx + wrk,
 # valgrind (callgrind instruction counts), a font for the plots.
 # etcd-server: the cluster catalog's tests start their own etcd on loopback.
+# openssl: the Python TLS test and bench/ab.sh make their certificates with it.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
-    nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server
+    nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server openssl
 
 echo "== toolchain"
 cargo --version
