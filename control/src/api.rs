@@ -176,7 +176,7 @@ pub fn metrics_router(control: Shared) -> Router {
 /// Authenticates the caller and checks the operation's access before any
 /// extractor or handler runs: a refused request changes nothing and
 /// costs no body read.
-async fn authorize(State(control): State<Shared>, mut request: Request, next: Next) -> Response {
+async fn authorize(State(control): State<Shared>, request: Request, next: Next) -> Response {
     let policy = control.access();
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
     let cert_name = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.cert_name.clone());
@@ -208,7 +208,6 @@ async fn authorize(State(control): State<Shared>, mut request: Request, next: Ne
         drain_refused_body(request).await;
         return ApiError::from(refusal).into_response();
     }
-    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
