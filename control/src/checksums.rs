@@ -100,8 +100,8 @@ pub fn rebuild(
         for (i, chunk) in piece.chunks(CHUNK_SIZE_BYTES as usize).enumerate() {
             let index = at / CHUNK_SIZE_BYTES + i as u64;
             let first_block = block_crcs.len();
-            blocks::extend_block_crcs(&mut block_crcs, chunk);
-            if chunk_crcs.get(index as usize) != Some(&crc32c::crc32c(chunk)) {
+            let crc = blocks::chunk_crc_and_blocks(chunk, &mut block_crcs);
+            if chunk_crcs.get(index as usize) != Some(&crc) {
                 bad_chunks.push(index);
                 for crc in &mut block_crcs[first_block..] {
                     *crc = blocks::poisoned(*crc);

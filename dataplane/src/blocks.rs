@@ -30,9 +30,25 @@ pub fn extend_block_crcs(crcs: &mut Vec<u32>, data: &[u8]) {
     crcs.extend(data.chunks(VERIFY_BLOCK_BYTES as usize).map(crc32c::crc32c));
 }
 
-/// Length of block `index` of a dataset of `length_bytes`.
-fn block_len(index: u64, length_bytes: u64) -> u64 {
-    (length_bytes - index * VERIFY_BLOCK_BYTES).min(VERIFY_BLOCK_BYTES)
+/// The CRC32C of `len_bytes` that start at a block boundary, from the CRCs
+/// of their blocks (all whole but the last).
+fn fold(block_crcs: &[u32], len_bytes: u64) -> u32 {
+    let mut crc = 0;
+    for (i, &block) in block_crcs.iter().enumerate() {
+        let block_len = (len_bytes - i as u64 * VERIFY_BLOCK_BYTES).min(VERIFY_BLOCK_BYTES);
+        crc = if i == 0 { block } else { crc32c::crc32c_combine(crc, block, block_len as usize) };
+    }
+    crc
+}
+
+/// Appends the block CRCs of one chunk (whole blocks but, at the
+/// dataset's end, the last) and returns the chunk's CRC folded from them:
+/// one pass over the bytes gives both the catalog's check and the block
+/// checksums.
+pub fn chunk_crc_and_blocks(chunk: &[u8], block_crcs: &mut Vec<u32>) -> u32 {
+    let first = block_crcs.len();
+    extend_block_crcs(block_crcs, chunk);
+    fold(&block_crcs[first..], chunk.len() as u64)
 }
 
 /// The chunk CRCs the block CRCs of a dataset of `length_bytes` add up to.
@@ -42,12 +58,8 @@ pub fn fold_to_chunks(block_crcs: &[u32], length_bytes: u64) -> Vec<u32> {
         .chunks(BLOCKS_PER_CHUNK as usize)
         .enumerate()
         .map(|(chunk, blocks)| {
-            let first = chunk as u64 * BLOCKS_PER_CHUNK;
-            let mut iter = blocks.iter().enumerate();
-            let Some((_, &head)) = iter.next() else { return 0 };
-            iter.fold(head, |crc, (i, &block)| {
-                crc32c::crc32c_combine(crc, block, block_len(first + i as u64, length_bytes) as usize)
-            })
+            let start = chunk as u64 * CHUNK_SIZE_BYTES;
+            fold(blocks, (length_bytes - start).min(CHUNK_SIZE_BYTES))
         })
         .collect()
 }
@@ -85,6 +97,11 @@ mod tests {
             let chunks: Vec<u32> = data.chunks(CHUNK_SIZE_BYTES as usize).map(crc32c::crc32c).collect();
             prop_assert_eq!(fold_to_chunks(&blocks, len as u64), chunks.clone());
             prop_assert!(chunks_disagreeing(&blocks, len as u64, &chunks).is_empty());
+            let mut one_pass = Vec::new();
+            let folded: Vec<u32> =
+                data.chunks(CHUNK_SIZE_BYTES as usize).map(|c| chunk_crc_and_blocks(c, &mut one_pass)).collect();
+            prop_assert_eq!(folded, chunks);
+            prop_assert_eq!(one_pass, blocks);
         }
     }
 

@@ -970,11 +970,11 @@ impl ControlPlane {
             ns.read_at(record.namespace.base_offset_bytes + at, piece).map_err(|e| self.ns_error(&record, e))?;
             for (i, chunk) in piece.chunks(CHUNK_SIZE_BYTES as usize).enumerate() {
                 let index = at / CHUNK_SIZE_BYTES + i as u64;
-                if crcs.get(index as usize) != Some(&crc32c::crc32c(chunk)) {
+                let crc = sluice_dataplane::blocks::chunk_crc_and_blocks(chunk, &mut block_crcs);
+                if crcs.get(index as usize) != Some(&crc) {
                     return Err(ControlError::Corrupt { name: name.into(), chunk: index });
                 }
             }
-            sluice_dataplane::blocks::extend_block_crcs(&mut block_crcs, piece);
             hasher.update(piece);
             at += len as u64;
         }

@@ -101,16 +101,19 @@ impl ReplicaTarget<'_> {
                 self.record.length_bytes
             )));
         }
+        let first_block = self.block_crcs.len();
         for (i, piece) in bytes.chunks(chunk as usize).enumerate() {
             let index = self.written_bytes / chunk + i as u64;
-            if self.crcs.get(index as usize) != Some(&crc32c::crc32c(piece)) {
+            let crc = sluice_dataplane::blocks::chunk_crc_and_blocks(piece, &mut self.block_crcs);
+            if self.crcs.get(index as usize) != Some(&crc) {
+                self.block_crcs.truncate(first_block);
                 return Err(ControlError::Corrupt { name: self.record.name.clone(), chunk: index });
             }
         }
-        self.ns
-            .write_at(self.record.namespace.base_offset_bytes + self.written_bytes, bytes)
-            .map_err(|e| self.control.ns_error(&self.record, e))?;
-        sluice_dataplane::blocks::extend_block_crcs(&mut self.block_crcs, bytes);
+        if let Err(err) = self.ns.write_at(self.record.namespace.base_offset_bytes + self.written_bytes, bytes) {
+            self.block_crcs.truncate(first_block);
+            return Err(self.control.ns_error(&self.record, err));
+        }
         self.hasher.update(bytes);
         self.written_bytes = end;
         Ok(())
