@@ -262,17 +262,7 @@ impl NodeConfig {
         if self.policy_allowlist.is_empty() {
             return Ok(None);
         }
-        let parse = |text: &str| -> Option<[u8; 32]> {
-            let hex = text.strip_prefix("sha256:").unwrap_or(text);
-            if hex.len() != 64 {
-                return None;
-            }
-            let mut out = [0u8; 32];
-            for (i, byte) in out.iter_mut().enumerate() {
-                *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-            }
-            Some(out)
-        };
+        let parse = |text: &str| sluice_control::hex::decode_32(text.strip_prefix("sha256:").unwrap_or(text));
         self.policy_allowlist
             .iter()
             .map(|entry| parse(entry).ok_or_else(|| format!("policy_allowlist entry {entry:?} is not sha256:<64 hex>")))

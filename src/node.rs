@@ -77,8 +77,6 @@ pub struct Node {
     pub control_addr: SocketAddr,
     /// Whether the control API serves HTTPS.
     pub control_tls: bool,
-    /// Where the node's own operator token is, when it made one.
-    pub admin_token_path: Option<std::path::PathBuf>,
     pub data_addr: SocketAddr,
     /// Where the RDMA transport listens, when it does.
     pub rdma_addr: Option<SocketAddr>,
@@ -136,7 +134,7 @@ impl Node {
         // tokens are readable through it by nobody else.
         std::fs::set_permissions(&config.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(data_dir_error)?;
-        let (access, admin_token_path) = access_policy(&config)?;
+        let access = access_policy(&config)?;
         let driver: Arc<dyn BlockDriver> = match config.driver {
             DriverChoice::Uring => Arc::new(UringDriver::new(match config.io_mode {
                 IoModeChoice::Direct => IoMode::Direct,
@@ -369,7 +367,6 @@ impl Node {
             control_runtime: Some(control_runtime),
             control_addr,
             control_tls: tls.is_some(),
-            admin_token_path,
             data_addr,
             rdma_addr,
             control,
@@ -431,16 +428,14 @@ impl Node {
 /// Who may call what: operator tokens from `admin_tokens`, or the node's
 /// own `DATA_DIR/admin.token` made at first start (logged, never printed),
 /// operator certificate names, the scraper's metrics tokens.
-fn access_policy(
-    config: &NodeConfig,
-) -> Result<(sluice_control::auth::AccessPolicy, Option<std::path::PathBuf>), NodeError> {
+fn access_policy(config: &NodeConfig) -> Result<sluice_control::auth::AccessPolicy, NodeError> {
     use sluice_control::auth::{AccessPolicy, TokenSet};
     let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
     if config.insecure {
-        return Ok((AccessPolicy { insecure: true, ..AccessPolicy::default() }, None));
+        return Ok(AccessPolicy { insecure: true, ..AccessPolicy::default() });
     }
-    let (operator_tokens, made) = match &config.admin_tokens {
-        Some(path) => (TokenSet::load(path).map_err(access)?, None),
+    let operator_tokens = match &config.admin_tokens {
+        Some(path) => TokenSet::load(path).map_err(access)?,
         None => {
             let (tokens, path, created) = TokenSet::load_or_create(&config.data_dir).map_err(access)?;
             if created {
@@ -453,7 +448,7 @@ fn access_policy(
             } else {
                 tracing::info!("operator token: {}", path.display());
             }
-            (tokens, Some(path))
+            tokens
         }
     };
     let metrics_tokens = match &config.metrics_tokens {
@@ -469,7 +464,7 @@ fn access_policy(
         operator_cert_names: config.operator_cert_names.clone(),
         metrics_tokens,
     };
-    Ok((policy, made))
+    Ok(policy)
 }
 
 /// Worker threads of the control runtime.

@@ -91,7 +91,7 @@ impl TokenSet {
                 why: why.to_string(),
             };
             let hash = match line.strip_prefix("blake3:") {
-                Some(hex) => parse_hash_hex(hex).ok_or_else(|| malformed("blake3: needs 64 hex digits"))?,
+                Some(hex) => crate::hex::decode_32(hex).ok_or_else(|| malformed("blake3: needs 64 hex digits"))?,
                 None if line.len() < 16 => return Err(malformed("a token needs at least 16 characters")),
                 None if line.bytes().any(|b| !b.is_ascii_graphic()) => {
                     return Err(malformed("a token is printable ASCII without spaces"))
@@ -142,17 +142,6 @@ impl TokenSet {
         }
         found.into()
     }
-}
-
-fn parse_hash_hex(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// How the node decides who may call what.

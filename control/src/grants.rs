@@ -5,7 +5,6 @@
 //! never the token; revoking a grant refuses new opens at once and closes
 //! the data-plane sessions opened with it.
 
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 /// Most grants one node holds.
@@ -65,10 +64,7 @@ impl From<&GrantRecord> for GrantView {
 
 /// A fresh token: 256 bits from the OS.
 pub fn new_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{TOKEN_PREFIX}{hex}")
+    format!("{TOKEN_PREFIX}{}", crate::hex::random::<32>())
 }
 
 pub fn token_hash(token: &str) -> String {

@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{CatalogError, CatalogStore};
@@ -77,12 +76,6 @@ fn write(data_dir: &Path, identity: &DataDirIdentity) -> Result<(), IdentityErro
     std::fs::File::open(data_dir).and_then(|d| d.sync_all()).map_err(|e| file_error(e.to_string()))
 }
 
-fn fresh_id() -> String {
-    let mut bytes = [0u8; 16];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Checks that `data_dir` belongs to `catalog` (and was this `node_id`),
 /// writing the identity at first start. With `adopt`, the catalog is taken
 /// as the truth. A data directory written before identities existed (no
@@ -122,7 +115,7 @@ pub fn reconcile(
     }
     let catalog_id = match found {
         Some(found) => found,
-        None => catalog.claim_identity(&fresh_id())?,
+        None => catalog.claim_identity(&crate::hex::random::<16>())?,
     };
     let wanted = DataDirIdentity { catalog_id, node_id: node_id.map(str::to_string) };
     if dir.as_ref() != Some(&wanted) {

@@ -9,6 +9,7 @@ pub mod checksums;
 pub mod cluster;
 pub mod etcd;
 pub mod grants;
+pub mod hex;
 pub mod identity;
 pub mod index;
 pub mod ingest;

@@ -529,9 +529,9 @@ impl ControlPlane {
             use sha2::Digest;
             let digest: [u8; 32] = sha2::Sha256::digest(object).into();
             if !allowed.contains(&digest) {
-                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
                 return Err(ControlError::BadPolicy(format!(
-                    "object sha256:{hex} is not on this node's policy_allowlist"
+                    "object sha256:{} is not on this node's policy_allowlist",
+                    crate::hex::encode(&digest)
                 )));
             }
         }
