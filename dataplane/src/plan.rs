@@ -71,6 +71,14 @@ pub fn footprint_bound_bytes(len_bytes: u32) -> u64 {
     u64::from(len_bytes).next_multiple_of(IO_ALIGN_BYTES as u64) + 2 * IO_ALIGN_BYTES as u64
 }
 
+/// Whether a batch of ranges of these lengths keeps the limits a node
+/// announces: at most `ranges_max` ranges, and their footprint bounds
+/// within `footprint_max_bytes` of DMA. Every transport checks this
+/// before a batch reaches a core.
+pub fn batch_fits(lens: impl ExactSizeIterator<Item = u32>, ranges_max: u32, footprint_max_bytes: u64) -> bool {
+    lens.len() <= ranges_max as usize && lens.map(footprint_bound_bytes).sum::<u64>() <= footprint_max_bytes
+}
+
 /// Plans `ranges` against `geometry`.
 pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
     let block = u64::from(geometry.block_size_bytes);

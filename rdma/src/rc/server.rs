@@ -343,6 +343,12 @@ impl<R: DatasetResolver> Session<R> {
         })
     }
 
+    /// The most ranges a batch may have on this connection, as announced at
+    /// Hello: every batch's WRITEs must fit the send queue at once.
+    fn ranges_per_batch_max(&self) -> u32 {
+        self.config.ranges_per_batch_max.min(self.qp.caps().send_wr.saturating_sub(SEND_QUEUE_SLACK).max(1))
+    }
+
     /// This session holds `permit` of the pre-authentication pool until it
     /// opens a dataset.
     fn before_authentication(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
@@ -536,13 +542,12 @@ impl<R: DatasetResolver> Session<R> {
                 let range_count = ranges.len() as u32;
                 // The limits announced at Hello hold: a batch over them
                 // costs the core nothing.
-                let ranges_max = self
-                    .config
-                    .ranges_per_batch_max
-                    .min(self.qp.caps().send_wr.saturating_sub(SEND_QUEUE_SLACK).max(1));
-                let footprint: u64 =
-                    ranges.iter().map(|r| sluice_dataplane::plan::footprint_bound_bytes(r.len_bytes)).sum();
-                let too_large = range_count > ranges_max || footprint > self.config.batch_footprint_max_bytes;
+                let lens = ranges.iter().map(|r| r.len_bytes);
+                let too_large = !sluice_dataplane::plan::batch_fits(
+                    lens,
+                    self.ranges_per_batch_max(),
+                    self.config.batch_footprint_max_bytes,
+                );
                 let refused = match self.handles.get(&handle) {
                     None => Some(BatchStatus::UnknownHandle),
                     Some((_, counters, _)) if too_large => {
@@ -588,11 +593,7 @@ impl<R: DatasetResolver> Session<R> {
                 self.greeted = true;
                 ControlMessage::HelloOk {
                     node: self.config.node_name.clone(),
-                    // Every batch's WRITEs must fit the send queue at once.
-                    ranges_per_batch_max: self
-                        .config
-                        .ranges_per_batch_max
-                        .min(self.qp.caps().send_wr.saturating_sub(SEND_QUEUE_SLACK).max(1)),
+                    ranges_per_batch_max: self.ranges_per_batch_max(),
                     batch_footprint_max_bytes: self.config.batch_footprint_max_bytes,
                     credits: self.credits,
                 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::plan::footprint_bound_bytes;
+use sluice_dataplane::plan::batch_fits;
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch, SubmitError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -457,10 +457,8 @@ impl<R: DatasetResolver> Connection<R> {
                     let permit = Arc::clone(semaphore).acquire_owned().await.map_err(|_| closed())?;
                     // The limits announced at Hello hold: a batch over them
                     // costs the core nothing.
-                    let footprint: u64 = descriptors.iter().map(|d| footprint_bound_bytes(d.len.get())).sum();
-                    if range_count > self.config.ranges_per_batch_max
-                        || footprint > self.config.batch_footprint_max_bytes
-                    {
+                    let lens = descriptors.iter().map(|d| d.len.get());
+                    if !batch_fits(lens, self.config.ranges_per_batch_max, self.config.batch_footprint_max_bytes) {
                         let counters = handles.get(&request.handle.get()).map(|(_, c, _)| Arc::clone(c));
                         let status = BatchStatus::TooLarge;
                         out.send(Outgoing::Failed { batch_id, range_count, status, permit, counters })
