@@ -54,7 +54,12 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
+    /// `config` as the node has it; the HTTP protocols are offered here
+    /// (ALPN), as only this listener speaks HTTP.
     pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let mut config = (*config).clone();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let config = Arc::new(config);
         let local = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(TLS_HANDSHAKES_MAX);
         let acceptor = tokio::spawn(accept_loop(listener, tokio_rustls::TlsAcceptor::from(config), tx));

@@ -123,10 +123,9 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
+    let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| TlsError::Config(format!("{} with {}: {e}", files.cert.display(), files.key.display())))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
