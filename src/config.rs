@@ -64,10 +64,10 @@ pub struct NodeConfig {
     pub queue_depth: u32,
     /// Batches one connection may have in flight.
     pub credits: u32,
-    /// Verify chunk CRCs of whole chunks on every read.
+    /// Verify every read against the block checksums of the 4 KiB blocks it covers.
     pub verify_chunks: bool,
-    /// Widen every read to whole 64 KiB chunks so every byte served is
-    /// verified; costs read amplification for small reads.
+    /// Accepted for old configs and otherwise ignored: every read is now
+    /// verified per 4 KiB block.
     pub verify_all_reads: bool,
     /// A client that does not read a response within this is dropped.
     pub write_timeout_ms: u64,

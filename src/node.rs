@@ -164,7 +164,6 @@ impl Node {
             slots_per_core: config.slots_per_core.max(256),
             queue_depth: config.queue_depth,
             verify_chunks: config.verify_chunks,
-            verify_all_reads: config.verify_all_reads,
             latency_batch_bytes_max: config.latency_lane_max_bytes,
             ..DataPlaneConfig::default()
         };
@@ -195,6 +194,9 @@ impl Node {
             load_enabled: config.policy_load,
             allowlist: config.policy_digests().map_err(NodeError::Access)?,
         });
+        if config.verify_all_reads {
+            tracing::warn!("verify_all_reads is no longer needed: every read is verified per 4 KiB block");
+        }
         if config.insecure {
             tracing::warn!(
                 "access control is OFF (--insecure): the control API checks no credential and any client that \
@@ -259,14 +261,8 @@ impl Node {
             credits: config.credits,
             write_timeout: std::time::Duration::from_millis(config.write_timeout_ms.max(1)),
             connections_max: config.connections_max.max(1),
-            // Widened reads take up to two chunks more per range: announce
-            // limits under which a batch still fits a core's DMA slots.
-            ranges_per_batch_max: if config.verify_all_reads { 128 } else { sluice_rdma::wire::RANGES_PER_BATCH_MAX },
-            batch_footprint_max_bytes: if config.verify_all_reads {
-                4 << 20
-            } else {
-                sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES
-            },
+            ranges_per_batch_max: sluice_rdma::wire::RANGES_PER_BATCH_MAX,
+            batch_footprint_max_bytes: sluice_rdma::wire::BATCH_FOOTPRINT_MAX_BYTES,
             accepted: Arc::default(),
             tls: if config.data_tls { tls.clone() } else { None },
             handshake_timeout: std::time::Duration::from_millis(config.handshake_timeout_ms.max(1)),

@@ -58,13 +58,9 @@ pub struct DatasetView {
     /// multiple of the namespace's block size.
     pub base_offset_bytes: u64,
     pub length_bytes: u64,
-    /// CRC32C of each [`CHUNK_SIZE_BYTES`] chunk; the last may be short.
-    /// Verifies reads that cover whole chunks when there are no block
-    /// checksums; empty with them means "not verified by the data plane".
-    pub chunk_crcs: Arc<[u32]>,
     /// CRC32C of each [`crate::blocks::VERIFY_BLOCK_BYTES`] block; the last
-    /// may be short. When present, every read covers whole blocks and
-    /// every block it covers is verified.
+    /// may be short. Every read covers whole blocks and every block it
+    /// covers is verified; empty means "not verified by the data plane".
     pub block_crcs: Arc<[u32]>,
 }
 
@@ -73,14 +69,7 @@ impl DatasetView {
     /// with no chunk checksums (the data plane verifies nothing): for
     /// tools and tests that read a namespace directly.
     pub fn unverified(dataset_id: u64, namespace: Arc<dyn Namespace>, length_bytes: u64) -> Self {
-        Self {
-            dataset_id,
-            namespace,
-            base_offset_bytes: 0,
-            length_bytes,
-            chunk_crcs: Arc::from([]),
-            block_crcs: Arc::from([]),
-        }
+        Self { dataset_id, namespace, base_offset_bytes: 0, length_bytes, block_crcs: Arc::from([]) }
     }
 }
 
@@ -89,7 +78,6 @@ impl std::fmt::Debug for DatasetView {
         f.debug_struct("DatasetView")
             .field("base_offset_bytes", &self.base_offset_bytes)
             .field("length_bytes", &self.length_bytes)
-            .field("chunks", &self.chunk_crcs.len())
             .field("blocks", &self.block_crcs.len())
             .finish()
     }

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::blocks::VERIFY_BLOCK_BYTES;
-use crate::dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
+use crate::dataset::{ByteRange, DatasetView, RangeStatus};
 use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
 use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
@@ -63,11 +63,9 @@ pub struct DataPlaneConfig {
     pub latency_batch_bytes_max: u64,
     /// Depth of each core's inbox.
     pub inbox_depth: usize,
-    /// Verify the CRC32C of every chunk a read covers whole.
+    /// Verify every read: each 4 KiB block it covers against the dataset's
+    /// block checksums.
     pub verify_chunks: bool,
-    /// Widen every read to whole chunks so every byte served is verified
-    /// (costs read amplification for small reads).
-    pub verify_all_reads: bool,
 }
 
 impl Default for DataPlaneConfig {
@@ -82,7 +80,6 @@ impl Default for DataPlaneConfig {
             latency_batch_bytes_max: 512 * 1024,
             inbox_depth: 1024,
             verify_chunks: true,
-            verify_all_reads: false,
         }
     }
 }
@@ -513,7 +510,6 @@ struct CoreEngine {
     batches_waiting_max: usize,
     unit_bytes_max: u32,
     verify_chunks: bool,
-    widen_to_bytes: u64,
     /// Origin of probe timestamps.
     clock: std::time::Instant,
     stopping: bool,
@@ -550,8 +546,7 @@ impl CoreEngine {
             active_free: (0..active_max).rev().collect(),
             completions: Vec::with_capacity(REAP_MAX),
             batches_waiting_max: config.batches_waiting_max.max(1),
-            verify_chunks: config.verify_chunks || config.verify_all_reads,
-            widen_to_bytes: if config.verify_all_reads { CHUNK_SIZE_BYTES } else { 0 },
+            verify_chunks: config.verify_chunks,
             clock: std::time::Instant::now(),
             stopping: false,
         }
@@ -919,15 +914,19 @@ impl CoreEngine {
         reaped
     }
 
+    /// Whether reads of `view` are verified: it has block checksums and
+    /// verification is on.
+    fn verifies(&self, view: &DatasetView) -> bool {
+        self.verify_chunks && !view.block_crcs.is_empty()
+    }
+
     /// How far reads of `view` are widened: to whole checksum blocks when
-    /// it has them (the covering 4 KiB blocks read anyway), else to whole
-    /// chunks under `verify_all_reads`.
+    /// they are verified (the covering 4 KiB blocks read anyway).
     fn widen_for(&self, view: &DatasetView) -> u64 {
-        match (self.verify_chunks, view.block_crcs.is_empty(), view.chunk_crcs.is_empty()) {
-            (false, _, _) => 0,
-            (true, false, _) => VERIFY_BLOCK_BYTES,
-            (true, true, false) => self.widen_to_bytes,
-            (true, true, true) => 0,
+        if self.verifies(view) {
+            VERIFY_BLOCK_BYTES
+        } else {
+            0
         }
     }
 
@@ -936,15 +935,8 @@ impl CoreEngine {
         let mut batch = self.active[index].take().expect("completing an idle batch slot");
         self.active_free.push(index);
         self.slot_batches[batch.slot as usize] -= 1;
-        // Bad dataset byte spans: whole blocks, or whole chunks without
-        // block checksums.
-        let bad_spans: Vec<(u64, u64)> = match (self.verify_chunks, batch.view.block_crcs.is_empty()) {
-            (false, _) => Vec::new(),
-            (true, false) => verify_blocks(&batch),
-            (true, true) => {
-                verify_chunks(&batch).into_iter().map(|c| (c * CHUNK_SIZE_BYTES, (c + 1) * CHUNK_SIZE_BYTES)).collect()
-            }
-        };
+        // Bad dataset byte spans: whole blocks.
+        let bad_spans = if self.verifies(&batch.view) { verify_blocks(&batch) } else { Vec::new() };
         let plan = &mut batch.plan;
         for range in 0..plan.statuses.len() {
             if plan.statuses[range] != RangeStatus::Ok {
@@ -1007,65 +999,10 @@ fn verify_blocks(batch: &ActiveBatch) -> Vec<(u64, u64)> {
     bad
 }
 
-/// Chunks whose CRC32C does not match the manifest, among those the batch's
-/// successful units cover whole (possibly across consecutive units).
-fn verify_chunks(batch: &ActiveBatch) -> Vec<u64> {
-    let view = &batch.view;
-    let mut bad = Vec::new();
-    if view.chunk_crcs.is_empty() {
-        return bad;
-    }
-    // (chunk, crc so far, dataset offset reached)
-    let mut partial: Option<(u64, u32, u64)> = None;
-    for (unit_index, unit) in batch.plan.units.iter().enumerate() {
-        if batch.unit_failed[unit_index] {
-            partial = None;
-            continue;
-        }
-        let start = unit.offset_bytes - view.base_offset_bytes;
-        let end = start + u64::from(unit.needed_bytes);
-        if partial.is_some_and(|(_, _, reached)| reached != start) {
-            partial = None;
-        }
-        let slot = batch.lease.slot(unit.lease_slot as usize);
-        // SAFETY: this unit's read completed and the lease owns the slot.
-        let data = unsafe {
-            batch.lease.arena().slot_bytes(slot, unit.slot_offset_bytes as usize, unit.needed_bytes as usize)
-        };
-        let mut at = start;
-        while at < end {
-            let chunk = at / CHUNK_SIZE_BYTES;
-            let chunk_start = chunk * CHUNK_SIZE_BYTES;
-            let chunk_end = (chunk_start + CHUNK_SIZE_BYTES).min(view.length_bytes);
-            let crc = match partial {
-                Some((c, crc, reached)) if c == chunk && reached == at => crc,
-                _ if at == chunk_start => 0,
-                _ => {
-                    // Starts mid-chunk: cannot be verified.
-                    at = chunk_end.min(end);
-                    continue;
-                }
-            };
-            let take_end = chunk_end.min(end);
-            let bytes = &data[(at - start) as usize..(take_end - start) as usize];
-            let crc = crc32c::crc32c_append(crc, bytes);
-            at = take_end;
-            if at == chunk_end {
-                partial = None;
-                if view.chunk_crcs.get(chunk as usize).is_some_and(|&expected| expected != crc) {
-                    bad.push(chunk);
-                }
-            } else {
-                partial = Some((chunk, crc, at));
-            }
-        }
-    }
-    bad
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataset::CHUNK_SIZE_BYTES;
     use crate::driver::{IoMode, MemDriver, NamespaceSpec, UringDriver};
     use rand::{Rng, SeedableRng};
 
@@ -1073,8 +1010,11 @@ mod tests {
         DataPlaneConfig { cores: 2, slots_per_core: 64, queue_depth: 32, ..DataPlaneConfig::default() }
     }
 
-    fn crcs(data: &[u8]) -> Arc<[u32]> {
-        data.chunks(CHUNK_SIZE_BYTES as usize).map(crc32c::crc32c).collect()
+    /// The block checksums of `data`, as a sealed dataset's view has them.
+    fn blocks(data: &[u8]) -> Arc<[u32]> {
+        let mut crcs = Vec::new();
+        crate::blocks::extend_block_crcs(&mut crcs, data);
+        crcs.into()
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -1123,8 +1063,7 @@ mod tests {
                 namespace: ns,
                 base_offset_bytes: 0,
                 length_bytes: data.len() as u64,
-                chunk_crcs: crcs(&data),
-                block_crcs: Arc::from([]),
+                block_crcs: blocks(&data),
             };
             runtime().block_on(async {
                 let slot = plane.attach(Arc::new(view)).await.expect("attach");
@@ -1150,8 +1089,6 @@ mod tests {
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
         let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
         ns.write_at(0, &data).expect("write");
-        let mut blocks = Vec::new();
-        crate::blocks::extend_block_crcs(&mut blocks, &data);
         let flipped = CHUNK_SIZE_BYTES + 3 * VERIFY_BLOCK_BYTES + 17;
         ns.write_at(flipped, &[!data[flipped as usize]]).expect("corrupt");
         let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
@@ -1160,8 +1097,7 @@ mod tests {
             namespace: ns,
             base_offset_bytes: 0,
             length_bytes: len as u64,
-            chunk_crcs: crcs(&data),
-            block_crcs: blocks.into(),
+            block_crcs: blocks(&data),
         };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
@@ -1194,7 +1130,7 @@ mod tests {
         let data = vec![0xabu8; 4 * CHUNK_SIZE_BYTES as usize];
         let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
         ns.write_at(0, &data).expect("write");
-        let manifest = crcs(&data);
+        let manifest = blocks(&data);
         ns.write_at(CHUNK_SIZE_BYTES + 5, &[0]).expect("corrupt");
         let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
         let view = DatasetView {
@@ -1202,8 +1138,7 @@ mod tests {
             namespace: ns,
             base_offset_bytes: 0,
             length_bytes: data.len() as u64,
-            chunk_crcs: manifest,
-            block_crcs: Arc::from([]),
+            block_crcs: manifest,
         };
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");

@@ -19,7 +19,7 @@ pub struct PlanGeometry {
     pub base_offset_bytes: u64,
     pub length_bytes: u64,
     /// When non-zero, every read is widened to whole granules of this many
-    /// bytes (the checksum chunk), so that every byte served is verified.
+    /// bytes (the checksum block), so that every byte served is verified.
     pub widen_to_bytes: u64,
 }
 

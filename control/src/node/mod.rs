@@ -1404,7 +1404,6 @@ impl ControlPlane {
             namespace,
             base_offset_bytes: record.namespace.base_offset_bytes,
             length_bytes: record.length_bytes,
-            chunk_crcs: chunk_crcs.into(),
             block_crcs: block_crcs.into(),
         };
         let mut attached = self.attached.lock().await;
