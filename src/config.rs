@@ -130,6 +130,10 @@ pub struct NodeConfig {
     /// another (`--adopt`, once; never from a config file).
     #[serde(skip)]
     pub adopt: bool,
+    /// Namespace devices to use although something else's signature is on
+    /// them (`--claim-device`, for one start; never from a config file).
+    #[serde(skip)]
+    pub claim_devices: Vec<PathBuf>,
     /// Fault injection for tests and drills (never in production).
     pub faults: Option<FaultsConfig>,
     /// etcd client endpoint (`http://host:2379`): keep the catalog there,
@@ -205,6 +209,7 @@ impl Default for NodeConfig {
             policy_load: false,
             policy_allowlist: Vec::new(),
             adopt: false,
+            claim_devices: Vec::new(),
             faults: None,
             etcd: None,
             etcd_prefix: "/sluice".into(),

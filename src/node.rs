@@ -185,6 +185,7 @@ impl Node {
             sluice_control::NamespacePool {
                 devices: config.namespace_devices.clone(),
                 controllers: config.nvme_controllers.clone(),
+                claim: config.claim_devices.clone(),
             },
             catalog,
             config.adopt,
@@ -357,6 +358,9 @@ impl Node {
             )?;
             tracing::info!("joined the cluster: {}", control.catalog().describe());
             tasks.push(control_runtime.spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
+            tasks.push(
+                control_runtime.spawn(crate::replicate::refresh_grants(Arc::clone(&control), shutdown.subscribe())),
+            );
         }
         let rdma_addr = config.rdma_listen;
         Ok(Self {

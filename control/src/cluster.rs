@@ -53,6 +53,10 @@ pub struct ReplicaRecord {
     /// Every byte is there and verified against the checksums and content
     /// hash: the node serves it.
     pub ready: bool,
+    /// Bytes of the namespace the copy uses (the dataset's length): all
+    /// that releasing it may discard.
+    #[serde(default)]
+    pub length_bytes: u64,
 }
 
 impl ReplicaRecord {
@@ -192,6 +196,7 @@ impl EtcdCatalog {
             dataset_id: record.id,
             namespace: record.namespace.clone(),
             ready,
+            length_bytes: record.length_bytes,
         };
         let value = serde_json::to_vec(&replica).map_err(|e| record_error(&record.name, e))?;
         Ok(Op::Put { key: self.replica_key(&self.node, &record.name), value })

@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod catalog;
 pub mod checksums;
+pub mod claim;
 pub mod cluster;
 pub mod etcd;
 pub mod grants;

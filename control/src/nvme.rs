@@ -162,7 +162,12 @@ impl Controller {
         let mut out = Vec::new();
         for nsid in self.nsid_list(CNS_ALLOCATED_NSIDS)? {
             let page = self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?;
-            out.push(PoolNamespace { nsid, attached: active.contains(&nsid), capacity_bytes: namespace_bytes(&page) });
+            out.push(PoolNamespace {
+                nsid,
+                attached: active.contains(&nsid),
+                capacity_bytes: namespace_bytes(&page),
+                shared: namespace_shared(&page),
+            });
         }
         Ok(out)
     }
@@ -198,6 +203,14 @@ impl Controller {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// What identifies namespace `nsid` whatever its number: its NGUID and
+    /// EUI64 as hex (`NGUID-EUI64`). A namespace deleted and another made
+    /// under the same NSID differs here, so a record naming the NSID alone
+    /// cannot make the node detach or delete the wrong one.
+    pub fn namespace_identity(&self, nsid: u32) -> io::Result<String> {
+        Ok(namespace_identity(&*self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?))
     }
 
     /// Detaches `nsid` from this controller; it returns to the pool.
@@ -236,6 +249,9 @@ pub struct PoolNamespace {
     /// Attached to this controller (a block device exists for it).
     pub attached: bool,
     pub capacity_bytes: u64,
+    /// NMIC bit 0: the namespace may be attached to more than one
+    /// controller, so another host may write it. Never taken for a dataset.
+    pub shared: bool,
 }
 
 /// A namespace's size from its Identify Namespace page: NSZE blocks of the
@@ -248,6 +264,16 @@ fn namespace_bytes(page: &[u8; PAGE_BYTES]) -> u64 {
         return 0;
     }
     nsze.saturating_mul(1 << lbads)
+}
+
+/// Identify Namespace NMIC (byte 30) bit 0: a shared namespace.
+fn namespace_shared(page: &[u8; PAGE_BYTES]) -> bool {
+    page[30] & 1 != 0
+}
+
+/// Identify Namespace NGUID (bytes 104..120) and EUI64 (120..128) as hex.
+fn namespace_identity(page: &[u8; PAGE_BYTES]) -> String {
+    format!("{}-{}", crate::hex::encode(&page[104..120]), crate::hex::encode(&page[120..128]))
 }
 
 /// `CONTROLLER:NSID`, how a dataset's record remembers a namespace the
@@ -288,6 +314,19 @@ mod tests {
         assert_eq!(namespace_bytes(&page), 16384 * 512);
         page[128 + 2] = 0;
         assert_eq!(namespace_bytes(&page), 0);
+    }
+
+    /// NMIC and the identifiers sit where NVMe 1.4 figure 245 puts them.
+    #[test]
+    fn sharing_and_identity_from_identify() {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        assert!(!namespace_shared(&page));
+        assert_eq!(namespace_identity(&page), format!("{}-{}", "00".repeat(16), "00".repeat(8)));
+        page[30] = 1;
+        page[104] = 0xab;
+        page[127] = 0x01;
+        assert!(namespace_shared(&page));
+        assert_eq!(namespace_identity(&page), format!("ab{}-{}01", "00".repeat(15), "00".repeat(7)));
     }
 
     #[test]

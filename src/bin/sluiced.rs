@@ -47,6 +47,11 @@ struct Args {
     /// repeat for several. Its contents will be overwritten.
     #[arg(long = "namespace-device", value_name = "DEVICE")]
     namespace_devices: Vec<PathBuf>,
+    /// Use this namespace device although it carries a filesystem,
+    /// partition table or other signature (its contents will be lost);
+    /// for this start only, repeatable.
+    #[arg(long = "claim-device", value_name = "DEVICE")]
+    claim_devices: Vec<PathBuf>,
     /// An NVMe controller (`/dev/nvmeX`) whose detached namespaces new
     /// datasets may take (attached through admin commands); repeatable.
     #[arg(long = "nvme-controller", value_name = "CONTROLLER")]
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
     config.data_tls |= args.data_tls;
     config.policy_load |= args.policy_load;
     config.adopt = args.adopt;
+    config.claim_devices = args.claim_devices;
     if args.admin_tokens.is_some() {
         config.admin_tokens = args.admin_tokens;
     }

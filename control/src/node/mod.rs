@@ -23,6 +23,7 @@ use crate::index::IndexFile;
 use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use crate::kind::DatasetKind;
 
+mod ownership;
 mod replication;
 mod user_space;
 
@@ -122,10 +123,20 @@ pub struct ControlPlane {
     /// When each dataset was first seen short of live placed nodes.
     short_since: Mutex<HashMap<String, std::time::Instant>>,
     membership: Mutex<Option<Membership>>,
+    data_dir: PathBuf,
     namespace_dir: PathBuf,
     /// Whole block devices (NVMe namespaces) given to this node, one per
-    /// dataset; datasets beyond them get files under `namespace_dir`.
-    namespace_devices: Vec<PathBuf>,
+    /// dataset, held open exclusively since start; datasets beyond them get
+    /// files under `namespace_dir`.
+    namespace_devices: Vec<crate::claim::HeldDevice>,
+    /// Devices the operator claimed for this start although they carry
+    /// someone else's signature (`--claim-device`).
+    claimed_devices: Vec<PathBuf>,
+    /// Namespaces this node attached from its controllers.
+    attach_ledger: ownership::AttachLedger,
+    /// Held while a namespace is chosen and recorded, so two creates, or a
+    /// create and a copy, never take the same one.
+    allocator: Mutex<()>,
     /// NVMe controllers (`/dev/nvmeX`) whose detached namespaces the node
     /// may attach, one per dataset, when no namespace device is free.
     nvme_controllers: Vec<PathBuf>,
@@ -188,6 +199,10 @@ pub struct DeviceReport {
     /// Dataset bytes on a namespace device; filesystem use for the data dir.
     pub used_bytes: u64,
     pub datasets: Vec<String>,
+    /// Why the allocator will not place a dataset here, when it will not
+    /// (someone else's data on a free device, an unreadable device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// Where a node may put datasets besides files in its data directory.
@@ -197,6 +212,8 @@ pub struct NamespacePool {
     pub devices: Vec<PathBuf>,
     /// Controllers whose detached namespaces may be attached for datasets.
     pub controllers: Vec<PathBuf>,
+    /// Devices to use although they carry a signature (`--claim-device`).
+    pub claim: Vec<PathBuf>,
 }
 
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
@@ -308,17 +325,19 @@ impl ControlPlane {
         choice: CatalogChoice,
         adopt: bool,
     ) -> Result<Self, ControlError> {
-        let NamespacePool { devices: namespace_devices, controllers: nvme_controllers } = pool;
-        for device in &namespace_devices {
-            use std::os::unix::fs::FileTypeExt;
-            let is_block = std::fs::metadata(device).map(|m| m.file_type().is_block_device());
-            if !matches!(is_block, Ok(true)) {
-                return Err(ControlError::Namespace {
-                    name: device.display().to_string(),
-                    message: "a namespace device must be a block device (e.g. /dev/nvme0n2)".into(),
-                });
-            }
+        let NamespacePool { devices, controllers: nvme_controllers, claim: claimed_devices } = pool;
+        let mut namespace_devices = Vec::with_capacity(devices.len());
+        for device in &devices {
+            let held = crate::claim::HeldDevice::open(device).map_err(|e| ControlError::Namespace {
+                name: device.display().to_string(),
+                message: e.to_string(),
+            })?;
+            namespace_devices.push(held);
         }
+        let attach_ledger = ownership::AttachLedger::open(data_dir).map_err(|e| ControlError::Namespace {
+            name: data_dir.join("attached.json").display().to_string(),
+            message: e.to_string(),
+        })?;
         let namespace_dir = data_dir.join("namespaces");
         std::fs::create_dir_all(&namespace_dir).map_err(|e| ControlError::Namespace {
             name: namespace_dir.display().to_string(),
@@ -354,8 +373,12 @@ impl ControlPlane {
             repair_after,
             short_since: Mutex::new(HashMap::new()),
             membership: Mutex::new(None),
+            data_dir: data_dir.to_path_buf(),
             namespace_dir,
             namespace_devices,
+            claimed_devices,
+            attach_ledger,
+            allocator: Mutex::new(()),
             nvme_controllers,
             index_dir,
             checksums,
@@ -576,17 +599,47 @@ impl ControlPlane {
         Ok(BusyGuard { plane: self, name: name.to_string() })
     }
 
+    /// Every namespace path this node's records use: the datasets' and
+    /// this node's copies, also copies of datasets deleted elsewhere that
+    /// the reaper has not released yet.
+    fn namespaces_in_use(&self) -> Result<HashSet<String>, ControlError> {
+        let mut used: HashSet<String> = self.catalog.list()?.into_iter().map(|r| r.namespace.path).collect();
+        if let Some(cluster) = self.cluster.as_deref() {
+            used.extend(cluster.own_replicas()?.into_values().map(|r| r.namespace.path));
+        }
+        Ok(used)
+    }
+
+    /// Why a free namespace device may not take a dataset: someone else's
+    /// data on it, unless the operator claimed it for this start.
+    fn device_refusal(&self, device: &crate::claim::HeldDevice) -> Option<String> {
+        if self.claimed_devices.contains(&device.path) {
+            return None;
+        }
+        let why = device.foreign_use()?;
+        tracing::warn!(
+            "{} is not used for datasets: {why} (start with --claim-device {} to use it anyway)",
+            device.path.display(),
+            device.path.display()
+        );
+        Some(format!("{why}; --claim-device {} uses it anyway", device.path.display()))
+    }
+
+    fn held_device(&self, path: &Path) -> Option<&crate::claim::HeldDevice> {
+        self.namespace_devices.iter().find(|d| d.path == path)
+    }
+
     /// Chooses where a new dataset lives. With the uring driver: a whole
     /// namespace device while one is free; else a namespace attached from a
     /// configured controller's detached pool; else a file per dataset in the
     /// node's namespace directory. With a size hint, only namespaces that
     /// hold it count, and the smallest of those is taken (best fit, so big
     /// namespaces stay free for big datasets). Runs inside the catalog's
-    /// write transaction, so two creates never pick the same namespace.
+    /// The caller holds [`ControlPlane::allocator`] until the choice is
+    /// recorded, so two creates, or a create and a copy, never pick the
+    /// same namespace.
     fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
-        let file = |reason: String| {
-            NamespaceRecord::new("file", self.namespace_dir.join(format!("{id:016x}.ns")).display().to_string(), reason)
-        };
+        let file = |reason: String| NamespaceRecord::new("file", self.file_namespace_path(id).display().to_string(), reason);
         match self.driver.kind() {
             DriverKind::Mem => {
                 return NamespaceRecord::new(
@@ -604,18 +657,17 @@ impl ControlPlane {
             },
             DriverKind::Uring => {}
         }
-        let used: HashSet<String> = match self.catalog.list() {
-            Ok(records) => {
-                records.into_iter().filter(|r| r.namespace.kind == "device").map(|r| r.namespace.path).collect()
-            }
+        let used = match self.namespaces_in_use() {
+            Ok(used) => used,
             // Unknown use: claim no device rather than risk sharing one.
             Err(_) => return file("the catalog could not say which namespaces are in use: a file".into()),
         };
         let free: Vec<(&PathBuf, u64)> = self
             .namespace_devices
             .iter()
-            .filter(|d| !used.contains(&d.display().to_string()))
-            .map(|d| (d, block_device_bytes(d)))
+            .filter(|d| !used.contains(&d.path.display().to_string()))
+            .filter(|d| self.device_refusal(d).is_none())
+            .map(|d| (&d.path, block_device_bytes(&d.path)))
             .collect();
         if let Some((device, capacity_bytes)) = best_fit(&free, size_hint) {
             return NamespaceRecord::new(
@@ -670,11 +722,14 @@ impl ControlPlane {
             .namespaces()
             .map_err(|e| e.to_string())?
             .into_iter()
-            .filter(|ns| !ns.attached)
+            .filter(|ns| !ns.attached && !ns.shared)
             .map(|ns| (ns.nsid, ns.capacity_bytes))
             .collect();
         if detached.is_empty() {
-            return Err(format!("{} has no detached namespace{create_refused}", path.display()));
+            return Err(format!(
+                "{} has no detached namespace that is not shared with other controllers (NMIC){create_refused}",
+                path.display()
+            ));
         }
         let (nsid, capacity_bytes) = best_fit(&detached, size_hint).ok_or_else(|| {
             format!(
@@ -683,7 +738,7 @@ impl ControlPlane {
                 size_hint.unwrap_or(0)
             )
         })?;
-        let device = controller.attach(nsid).map_err(|e| e.to_string())?;
+        let device = self.attach_recorded(&controller, nsid, false)?;
         tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
         let reason = format!(
             "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
@@ -700,13 +755,13 @@ impl ControlPlane {
     fn create_on(&self, controller: &crate::nvme::Controller, bytes: u64) -> Result<NamespaceRecord, String> {
         let path = controller.path();
         let nsid = controller.create_namespace(bytes).map_err(|e| e.to_string())?;
-        let device = match controller.attach(nsid) {
+        let device = match self.attach_recorded(controller, nsid, true) {
             Ok(device) => device,
             Err(err) => {
                 if let Err(cleanup) = controller.delete_namespace(nsid) {
                     tracing::warn!("deleting namespace {nsid} of {} after a failed attach: {cleanup}", path.display());
                 }
-                return Err(err.to_string());
+                return Err(err);
             }
         };
         tracing::info!("created namespace {nsid} of {} ({bytes} bytes) as {}", path.display(), device.display());
@@ -718,14 +773,36 @@ impl ControlPlane {
             .attached_as(crate::nvme::attachment_label(path, nsid), true))
     }
 
+    /// Attaches `nsid`, first writing it into the ledger of namespaces
+    /// this node attached (so a crash right after leaves it owned).
+    fn attach_recorded(
+        &self,
+        controller: &crate::nvme::Controller,
+        nsid: u32,
+        created: bool,
+    ) -> Result<PathBuf, String> {
+        let label = crate::nvme::attachment_label(controller.path(), nsid);
+        let identity = controller.namespace_identity(nsid).map_err(|e| format!("identifying {label}: {e}"))?;
+        self.attach_ledger
+            .insert(ownership::Attachment { label: label.clone(), identity, created })
+            .map_err(|e| format!("recording the attachment of {label}: {e}"))?;
+        controller.attach(nsid).map_err(|e| {
+            if let Err(forget) = self.attach_ledger.remove(&label) {
+                tracing::warn!("forgetting the failed attachment of {label}: {forget}");
+            }
+            e.to_string()
+        })
+    }
+
     fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
         let mut namespaces = self.namespaces.lock().map_err(|_| self.ns_error(record, "lock poisoned"))?;
         if let Some(ns) = namespaces.get(&record.id) {
             return Ok(Arc::clone(ns));
         }
+        self.check_owned(record.id, &record.namespace)?;
         let spec = match record.namespace.kind.as_str() {
             "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
-            "device" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false },
+            "device" => self.device_spec(&record.namespace.path),
             user_space::NVME_KIND => {
                 let (controller, nsid) = user_space::parse_nvme_path(&record.namespace.path)
                     .ok_or_else(|| self.ns_error(record, "an nvme namespace path is PCI_ADDRESS/NSID"))?;
@@ -737,6 +814,19 @@ impl ControlPlane {
         let ns = self.driver.open_namespace(&spec).map_err(|e| self.ns_error(record, e))?;
         namespaces.insert(record.id, Arc::clone(&ns));
         Ok(ns)
+    }
+
+    /// A device namespace by the descriptors held since start, or (one
+    /// attached at run time) by its path.
+    fn device_spec(&self, path: &str) -> NamespaceSpec {
+        match self.held_device(Path::new(path)) {
+            Some(held) => NamespaceSpec::Held {
+                path: held.path.clone(),
+                control: Arc::clone(&held.control),
+                direct: Some(Arc::clone(&held.direct)),
+            },
+            None => NamespaceSpec::File { path: PathBuf::from(path), create: false },
+        }
     }
 
     fn index_path(&self, record: &DatasetRecord) -> PathBuf {
@@ -815,20 +905,28 @@ impl ControlPlane {
         })
     }
 
+    /// Gives a dataset's namespace back: discards the bytes it used,
+    /// detaches (and deletes) a namespace this node attached, removes a
+    /// file namespace. Only a namespace [`ControlPlane::check_owned`]
+    /// accepts; any other is left as it is.
     fn remove_namespace(&self, record: &DatasetRecord) {
         let _ = std::fs::remove_file(self.index_path(record));
         self.checksums.remove(record.id);
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
         }
+        if self.check_owned(record.id, &record.namespace).is_err() {
+            return;
+        }
         if record.namespace.kind == "device" || record.namespace.kind == user_space::NVME_KIND {
-            // The device goes back to the pool; tell it the bytes are free.
+            // The device goes back to the pool; tell it the bytes are free,
+            // and no more than the dataset used.
             let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
             let spec = match user_space::parse_nvme_path(&record.namespace.path) {
                 Some((controller, nsid)) if record.namespace.kind == user_space::NVME_KIND => {
                     NamespaceSpec::Nvme { controller, nsid }
                 }
-                _ => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: false },
+                _ => self.device_spec(&record.namespace.path),
             };
             match self.driver.open_namespace(&spec) {
                 Ok(ns) => {
@@ -841,24 +939,8 @@ impl ControlPlane {
         }
         if record.namespace.kind == user_space::NVME_KIND {
             self.release_user_space(record);
-        } else if let Some((controller, nsid)) =
-            record.namespace.attached.as_deref().and_then(crate::nvme::parse_attachment_label)
-        {
-            // Back to the controller's detached pool.
-            match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid).map(|()| c)) {
-                Ok(c) => {
-                    tracing::info!("detached namespace {nsid} of {}", controller.display());
-                    // One created for the dataset goes back to unallocated
-                    // capacity; one from the pool stays in the pool.
-                    if record.namespace.created {
-                        match c.delete_namespace(nsid) {
-                            Ok(()) => tracing::info!("deleted namespace {nsid} of {}", controller.display()),
-                            Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
-                        }
-                    }
-                }
-                Err(err) => tracing::warn!("detaching namespace {nsid} of {}: {err}", controller.display()),
-            }
+        } else if let Some(label) = record.namespace.attached.as_deref() {
+            self.detach_recorded(label);
         }
         if record.namespace.kind == "file" {
             if let Err(err) = std::fs::remove_file(&record.namespace.path) {
@@ -866,6 +948,34 @@ impl ControlPlane {
                     tracing::warn!("removing {}: {err}", record.namespace.path);
                 }
             }
+        }
+    }
+
+    /// Detaches a namespace this node attached, back to the controller's
+    /// pool, and deletes it when this node created it (the ledger says,
+    /// not the record).
+    fn detach_recorded(&self, label: &str) {
+        let (Some((controller, nsid)), Some(entry)) =
+            (crate::nvme::parse_attachment_label(label), self.attach_ledger.get(label))
+        else {
+            return;
+        };
+        match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid).map(|()| c)) {
+            Ok(c) => {
+                tracing::info!("detached namespace {nsid} of {}", controller.display());
+                // One created for the dataset goes back to unallocated
+                // capacity; one from the pool stays in the pool.
+                if entry.created {
+                    match c.delete_namespace(nsid) {
+                        Ok(()) => tracing::info!("deleted namespace {nsid} of {}", controller.display()),
+                        Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
+                    }
+                }
+                if let Err(err) = self.attach_ledger.remove(label) {
+                    tracing::warn!("forgetting the attachment of {label}: {err}");
+                }
+            }
+            Err(err) => tracing::warn!("detaching namespace {nsid} of {}: {err}", controller.display()),
         }
     }
 
@@ -889,8 +999,10 @@ impl ControlPlane {
         if record_size == Some(0) {
             return Err(ControlError::Records("record size must be at least 1 byte".into()));
         }
+        let allocating = self.allocator.lock().map_err(|_| ControlError::Busy(name.to_string()))?;
         let mut record =
             self.catalog.create(name, kind, now_unix_ms(), &mut |id| self.allocate_namespace(id, size_hint))?;
+        drop(allocating);
         if record.namespace.kind == user_space::UNPLACED_KIND {
             self.catalog.remove(&record)?;
             return Err(ControlError::Namespace { name: name.into(), message: record.namespace.reason });
@@ -1037,12 +1149,20 @@ impl ControlPlane {
         let records = self.catalog.list().unwrap_or_default();
         let mut out = Vec::new();
         for device in &self.namespace_devices {
-            let path = device.display().to_string();
-            let capacity_bytes = block_device_bytes(device);
+            let path = device.path.display().to_string();
+            let capacity_bytes = block_device_bytes(&device.path);
             let datasets: Vec<String> =
                 records.iter().filter(|r| r.namespace.path == path).map(|r| r.name.clone()).collect();
             let used_bytes = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
-            out.push(DeviceReport { kind: "nvme_namespace".into(), path, capacity_bytes, used_bytes, datasets });
+            let refused = if datasets.is_empty() { self.device_refusal(device) } else { None };
+            out.push(DeviceReport {
+                kind: "nvme_namespace".into(),
+                path,
+                capacity_bytes,
+                used_bytes,
+                datasets,
+                refused,
+            });
         }
         for controller in &self.nvme_controllers {
             out.extend(self.controller_pool(controller, &records));
@@ -1057,6 +1177,7 @@ impl ControlPlane {
             capacity_bytes,
             used_bytes: capacity_bytes.saturating_sub(available_bytes),
             datasets: in_files.iter().map(|r| r.name.clone()).collect(),
+            refused: None,
         });
         for (path, bytes) in self.orphans() {
             out.push(DeviceReport {
@@ -1065,6 +1186,7 @@ impl ControlPlane {
                 capacity_bytes: 0,
                 used_bytes: bytes,
                 datasets: Vec::new(),
+                refused: None,
             });
         }
         out
@@ -1086,6 +1208,7 @@ impl ControlPlane {
                     capacity_bytes: 0,
                     used_bytes: 0,
                     datasets: Vec::new(),
+                    refused: Some(err.to_string()),
                 }];
             }
         };
@@ -1095,12 +1218,20 @@ impl ControlPlane {
                 let label = crate::nvme::attachment_label(controller, ns.nsid);
                 let held: Vec<&DatasetRecord> =
                     records.iter().filter(|r| r.namespace.attached.as_deref() == Some(label.as_str())).collect();
+                let refused = if ns.shared {
+                    Some("shared with other controllers (NMIC): another host may write it".to_string())
+                } else if ns.attached && held.is_empty() {
+                    Some("attached, and no dataset record owns it: the node leaves it alone".to_string())
+                } else {
+                    None
+                };
                 DeviceReport {
                     kind: if ns.attached { "nvme_attached" } else { "nvme_detached" }.into(),
                     path: label,
                     capacity_bytes: ns.capacity_bytes,
                     used_bytes: held.iter().map(|r| r.length_bytes).sum(),
                     datasets: held.iter().map(|r| r.name.clone()).collect(),
+                    refused,
                 }
             })
             .collect()

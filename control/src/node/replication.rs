@@ -347,6 +347,7 @@ impl ControlPlane {
             return Err(ControlError::Cluster(format!("{} changed since its copy was planned", job.name)));
         }
         if record.namespace.kind == REMOTE_KIND {
+            let _allocating = self.allocator.lock().map_err(|_| ControlError::Busy(job.name.clone()))?;
             record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
             cluster.put_replica(&record, false)?;
         }
@@ -383,11 +384,11 @@ impl ControlPlane {
             if let Some(attached) = attached {
                 self.plane.detach(attached.slot).await;
             }
+            // The copy's own record says how many bytes it used: no more is
+            // discarded (a record without it discards nothing).
             let mut gone =
                 crate::catalog::new_record(replica.dataset_id, &name, DatasetKind::Bytes, 0, replica.namespace);
-            if gone.namespace.kind == "device" {
-                gone.length_bytes = block_device_bytes(Path::new(&gone.namespace.path));
-            }
+            gone.length_bytes = replica.length_bytes;
             self.remove_namespace(&gone);
             cluster.remove_replica(&name)?;
             tracing::info!(dataset = name, "dropped the copy of a dataset deleted elsewhere");

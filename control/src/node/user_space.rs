@@ -33,10 +33,8 @@ impl ControlPlane {
                 record
             }
         };
-        let used: HashSet<String> = match self.catalog.list() {
-            Ok(records) => {
-                records.into_iter().filter(|r| r.namespace.kind == NVME_KIND).map(|r| r.namespace.path).collect()
-            }
+        let used = match self.namespaces_in_use() {
+            Ok(used) => used,
             Err(err) => return unplaced(format!("the catalog could not say which namespaces are in use: {err}")),
         };
         let mut why_not = Vec::new();

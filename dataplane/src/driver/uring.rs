@@ -30,24 +30,13 @@ pub struct UringDriver {
 }
 
 impl UringDriver {
-    pub fn new(io_mode: IoMode) -> Self {
-        Self { io_mode }
-    }
-}
-
-impl BlockDriver for UringDriver {
-    fn kind(&self) -> DriverKind {
-        DriverKind::Uring
-    }
-
-    fn open_namespace(&self, spec: &NamespaceSpec) -> Result<Arc<dyn Namespace>, DriverError> {
-        let NamespaceSpec::File { path, create } = spec else {
-            return Err(DriverError::WrongSpec(spec.clone(), DriverKind::Uring));
-        };
+    /// The control descriptor and the hot path's (with whether it is
+    /// O_DIRECT) of a file or block device opened by path.
+    fn open_file(&self, path: &std::path::Path, create: bool) -> Result<(File, (File, bool)), DriverError> {
         let open_err = |source| DriverError::Open { what: path.display().to_string(), source };
         let control =
-            OpenOptions::new().read(true).write(true).create(*create).truncate(false).open(path).map_err(open_err)?;
-        let (data, direct) = match self.io_mode {
+            OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path).map_err(open_err)?;
+        let data = match self.io_mode {
             IoMode::Buffered => (control.try_clone().map_err(open_err)?, false),
             IoMode::Direct => match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
                 Ok(file) => (file, true),
@@ -61,6 +50,37 @@ impl BlockDriver for UringDriver {
                 Err(err) => return Err(open_err(err)),
             },
         };
+        Ok((control, data))
+    }
+
+    pub fn new(io_mode: IoMode) -> Self {
+        Self { io_mode }
+    }
+}
+
+impl BlockDriver for UringDriver {
+    fn kind(&self) -> DriverKind {
+        DriverKind::Uring
+    }
+
+    fn open_namespace(&self, spec: &NamespaceSpec) -> Result<Arc<dyn Namespace>, DriverError> {
+        let (path, control, data) = match spec {
+            NamespaceSpec::File { path, create } => {
+                let (control, data) = self.open_file(path, *create)?;
+                (path, control, data)
+            }
+            NamespaceSpec::Held { path, control, direct } => {
+                let dup = |file: &File| file.try_clone().map_err(|source| DriverError::Open { what: path.display().to_string(), source });
+                let data = match (self.io_mode, direct) {
+                    (IoMode::Direct, Some(direct)) => (dup(direct)?, true),
+                    _ => (dup(control)?, false),
+                };
+                (path, dup(control)?, data)
+            }
+            _ => return Err(DriverError::WrongSpec(spec.clone(), DriverKind::Uring)),
+        };
+        let (data, direct) = data;
+        let open_err = |source| DriverError::Open { what: path.display().to_string(), source };
         let block_device = control.metadata().map_err(open_err)?.file_type().is_block_device();
         Ok(Arc::new(FileNamespace { path: path.display().to_string(), control, data, direct, block_device }))
     }
