@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod node;
+pub mod privilege;
 pub mod readbench;
 pub mod replicate;
 pub mod top;

@@ -70,6 +70,25 @@ fn spdk_driver(_nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
     )))
 }
 
+/// Why `--user` cannot work with this config, if it cannot: what needs
+/// root after start.
+fn unprivileged_conflict(config: &NodeConfig, user: &str) -> Option<String> {
+    if !config.nvme_controllers.is_empty() {
+        return Some(format!(
+            "--user {user} with nvme_controllers: attaching and detaching namespaces are NVMe admin commands that \
+             need CAP_SYS_ADMIN at run time, and each attached namespace is a new root-only device node; list the \
+             namespaces as namespace_devices instead (they are opened at start and kept), or run without --user"
+        ));
+    }
+    if config.policy_load {
+        return Some(format!(
+            "--user {user} with policy_load: loading a steering policy at run time needs CAP_BPF; \
+             run without --user to swap policies, or without policy_load"
+        ));
+    }
+    None
+}
+
 /// A running node.
 pub struct Node {
     /// The runtime the control API, opens and replication run on.
@@ -108,6 +127,8 @@ pub enum NodeError {
     Access(String),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("dropping privileges: {0}")]
+    Privilege(String),
     #[error("binding {what} on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -122,6 +143,9 @@ impl Node {
     pub async fn start(config: NodeConfig) -> Result<Self, NodeError> {
         if let Some(why) = config.exposure() {
             return Err(NodeError::Exposed(why));
+        }
+        if let Some(why) = config.user.as_deref().and_then(|user| unprivileged_conflict(&config, user)) {
+            return Err(NodeError::Privilege(why));
         }
         let control_tls_files = config.control_tls().map_err(NodeError::Tls)?;
         let tls = match &control_tls_files {
@@ -280,6 +304,29 @@ impl Node {
             .enable_all()
             .build()
             .map_err(|source| NodeError::DataDir { path: "the control runtime".into(), source })?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
+                what: "the metrics listener",
+                addr,
+                source,
+            })?),
+            None => None,
+        };
+        if config.ebpf {
+            let kernel_trace = match config.driver {
+                DriverChoice::Uring if config.ebpf_kernel_trace => Ok(()),
+                DriverChoice::Uring => Err("kernel-side tracing is off (--no-kernel-trace)"),
+                DriverChoice::Mem | DriverChoice::Spdk => Err("the node's driver is not io_uring"),
+            };
+            match attach_tracer(&control, kernel_trace) {
+                Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),
+                Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
+            }
+        }
+        // Everything that needs root is held now; nothing is served yet.
+        if let Some(user) = &config.user {
+            crate::privilege::drop_to(user, &config.data_dir).map_err(NodeError::Privilege)?;
+        }
         let resolver = Arc::new(Resolver::new(Arc::clone(&control), control_runtime.handle().clone()));
         let mut tasks = Vec::with_capacity(4);
         // The two worker sockets share the connection limit: a quarter for
@@ -317,13 +364,8 @@ impl Node {
             server_config,
             shutdown_rx.clone(),
         )));
-        if let Some(addr) = config.metrics_listen {
-            let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
-                what: "the metrics listener",
-                addr,
-                source,
-            })?;
-            tracing::info!("GET /metrics open to anyone on {addr} (metrics_listen)");
+        if let Some(listener) = metrics_listener {
+            tracing::info!("GET /metrics open to anyone on {} (metrics_listen)", listener.local_addr().map(|a| a.to_string()).unwrap_or_default());
             let router = api::metrics_router(Arc::clone(&control));
             tasks.push(serve_control(control_runtime.handle(), listener, None, router, shutdown_rx.clone()));
         }
@@ -331,17 +373,6 @@ impl Node {
         let control_task = serve_control(control_runtime.handle(), control_listener, tls.clone(), router, shutdown_rx);
         if let Some(steering) = steering {
             control.set_policy_control(steering);
-        }
-        if config.ebpf {
-            let kernel_trace = match config.driver {
-                DriverChoice::Uring if config.ebpf_kernel_trace => Ok(()),
-                DriverChoice::Uring => Err("kernel-side tracing is off (--no-kernel-trace)"),
-                DriverChoice::Mem | DriverChoice::Spdk => Err("the node's driver is not io_uring"),
-            };
-            match attach_tracer(&control, kernel_trace) {
-                Ok(()) => tracing::info!("eBPF trace attached to this node's probes"),
-                Err(err) => tracing::warn!("eBPF unavailable, running without probes: {err}"),
-            }
         }
         tasks.push(control_task);
         if config.etcd.is_some() {
@@ -374,31 +405,6 @@ impl Node {
             shutdown,
             tasks,
         })
-    }
-
-    /// Drops root for `user` once devices, DMA memory and ports are held:
-    /// the data directory is handed to that user, then the process takes
-    /// its group and uid (every thread; glibc broadcasts setuid).
-    pub fn drop_privileges(&self, user: &str, data_dir: &std::path::Path) -> Result<(), String> {
-        use nix::unistd::{chown, setgid, setgroups, setuid, Uid, User};
-        if !Uid::effective().is_root() {
-            return Err(format!("--user {user} needs root; running as uid {}", Uid::effective()));
-        }
-        let account = User::from_name(user)
-            .map_err(|e| format!("looking up user {user}: {e}"))?
-            .ok_or_else(|| format!("no user named {user}"))?;
-        let mut stack = vec![data_dir.to_path_buf()];
-        while let Some(path) = stack.pop() {
-            chown(&path, Some(account.uid), Some(account.gid)).map_err(|e| format!("chown {}: {e}", path.display()))?;
-            if path.is_dir() {
-                let entries = std::fs::read_dir(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        }
-        setgroups(&[account.gid]).map_err(|e| format!("setgroups: {e}"))?;
-        setgid(account.gid).map_err(|e| format!("setgid: {e}"))?;
-        setuid(account.uid).map_err(|e| format!("setuid: {e}"))?;
-        Ok(())
     }
 
     pub fn control_url(&self) -> String {

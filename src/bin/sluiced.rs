@@ -249,11 +249,6 @@ async fn run(config: NodeConfig) -> ExitCode {
         }
     };
     if let Some(user) = user {
-        if let Err(err) = node.drop_privileges(&user, &data_dir) {
-            eprintln!("sluiced: dropping privileges: {err}");
-            node.shutdown().await;
-            return ExitCode::FAILURE;
-        }
         println!("sluiced: running as {user}");
     }
     let mut out = std::io::stdout().lock();
