@@ -142,6 +142,16 @@ pub struct NodeConfig {
     pub etcd: Option<String>,
     /// Key prefix of this cluster in etcd.
     pub etcd_prefix: String,
+    /// CA (PEM) etcd's server certificate chains to (`https://` endpoint).
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) for etcd's `--client-cert-auth`.
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user this node signs in as (etcd authentication enabled); its
+    /// role should allow only this node's own keys (deploy/README.md).
+    pub etcd_user: Option<String>,
+    /// File holding that user's password (one line).
+    pub etcd_password_file: Option<PathBuf>,
     /// This node's id in the cluster; the node `name` when unset.
     pub node_id: Option<String>,
     /// Nodes that hold a copy of each dataset (cluster only).
@@ -213,6 +223,11 @@ impl Default for NodeConfig {
             faults: None,
             etcd: None,
             etcd_prefix: "/sluice".into(),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
             node_id: None,
             replicas: 2,
             advertise: None,
@@ -235,6 +250,29 @@ impl NodeConfig {
             (None, None) => Err("tls_client_ca and data_tls need tls_cert and tls_key".into()),
             _ => Err("tls_cert and tls_key go together: set both or neither".into()),
         }
+    }
+
+    /// How the node reaches and signs in to etcd, from the `etcd_*` keys.
+    pub fn etcd_access(&self) -> Result<sluice_control::etcd::EtcdAccess, String> {
+        let identity = match (&self.etcd_cert, &self.etcd_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => return Err("etcd_cert and etcd_key go together: set both or neither".into()),
+        };
+        let user = match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => {
+                let password = std::fs::read_to_string(file)
+                    .map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
+                let password = password.trim_end_matches(['\r', '\n']).to_string();
+                if password.is_empty() {
+                    return Err(format!("etcd_password_file {} is empty", file.display()));
+                }
+                Some((user.clone(), sluice_rdma::codec::Secret::new(password)))
+            }
+            (None, None) => None,
+            _ => return Err("etcd_user and etcd_password_file go together: set both or neither".into()),
+        };
+        Ok(sluice_control::etcd::EtcdAccess { ca: self.etcd_ca.clone(), identity, user })
     }
 
     /// Why this config must not start: a listener off loopback with no

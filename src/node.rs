@@ -195,6 +195,7 @@ impl Node {
         let catalog = match &config.etcd {
             Some(endpoint) => CatalogChoice::Etcd {
                 endpoint: endpoint.clone(),
+                access: config.etcd_access().map_err(NodeError::Access)?,
                 prefix: config.etcd_prefix.clone(),
                 node: config.node_id.clone().unwrap_or_else(|| config.name.clone()),
                 replicas: config.replicas.max(1),

@@ -27,7 +27,7 @@ use crate::catalog::{
     crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, NamespaceRecord,
     DATASETS_MAX,
 };
-use crate::etcd::{Compare, Etcd, Op};
+use crate::etcd::{Compare, Etcd, EtcdAccess, Op};
 use crate::grants::{GrantRecord, GRANTS_MAX};
 use crate::kind::DatasetKind;
 
@@ -98,11 +98,17 @@ impl EtcdCatalog {
     /// Checks that etcd answers; `prefix` keeps several clusters apart in
     /// one etcd.
     pub fn connect(endpoint: &str, prefix: &str, node: &str) -> Result<Self, CatalogError> {
+        Self::connect_with(endpoint, &EtcdAccess::default(), prefix, node)
+    }
+
+    /// As [`EtcdCatalog::connect`], reaching and signing in to etcd as
+    /// `access` says (TLS, client certificate, etcd user).
+    pub fn connect_with(endpoint: &str, access: &EtcdAccess, prefix: &str, node: &str) -> Result<Self, CatalogError> {
         if !valid_node_id(node) {
             return Err(CatalogError::BadNodeId(node.to_string()));
         }
         let catalog = Self {
-            etcd: Etcd::new(endpoint),
+            etcd: Etcd::connect(endpoint, access)?,
             prefix: prefix.trim_end_matches('/').to_string(),
             node: node.to_string(),
         };

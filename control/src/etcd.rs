@@ -1,9 +1,18 @@
 //! A small etcd v3 client over etcd's own JSON gateway (`/v3/kv/*`,
-//! `/v3/lease/*`), which every etcd since 3.4 serves on its client port.
-//! The gRPC crates would need `protoc` at build time, and a node needs
-//! only these six calls, all blocking and short: the catalog calls them
-//! from the control plane's threads, never from the I/O path.
+//! `/v3/lease/*`, `/v3/auth/authenticate`), which every etcd since 3.4
+//! serves on its client port. The gRPC crates would need `protoc` at build
+//! time, and a node needs only these calls, all blocking and short: the
+//! catalog calls them from the control plane's threads, never from the
+//! I/O path.
+//!
+//! Against a secured etcd ([`EtcdAccess`]): TLS (rustls, the same roots
+//! and client certificates as the node's other TLS), a client certificate
+//! for etcd's `--client-cert-auth`, and etcd's own authentication: the
+//! node signs in as its user and sends the token etcd gives it with every
+//! call, signing in again when etcd says the token expired.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -51,11 +60,49 @@ pub enum Op {
     DeletePrefix(String),
 }
 
-/// An etcd cluster's client endpoint, e.g. `http://127.0.0.1:2379`.
-#[derive(Clone, Debug)]
+/// How a node reaches and proves itself to etcd.
+#[derive(Clone, Default)]
+pub struct EtcdAccess {
+    /// CA certificates (PEM) etcd's server certificate chains to, for an
+    /// `https://` endpoint; the public web roots when unset.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM), for etcd's `--client-cert-auth`.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// etcd user and password, where etcd has authentication enabled.
+    pub user: Option<(String, sluice_rdma::codec::Secret)>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+/// An etcd cluster's client endpoint, e.g. `https://127.0.0.1:2379`.
+#[derive(Clone)]
 pub struct Etcd {
     endpoint: String,
     agent: ureq::Agent,
+    user: Option<Arc<(String, sluice_rdma::codec::Secret)>>,
+    /// The token of the current sign-in, shared by every clone.
+    token: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+/// How one call failed.
+enum Failure {
+    /// etcd refused the token (expired, or etcd restarted): sign in again.
+    Token(EtcdError),
+    Other(EtcdError),
 }
 
 #[derive(Deserialize)]
@@ -84,9 +131,33 @@ fn b64(bytes: impl AsRef<[u8]>) -> String {
 }
 
 impl Etcd {
+    /// An unsecured etcd (`http://`, no authentication).
     pub fn new(endpoint: &str) -> Self {
-        let agent = ureq::AgentBuilder::new().timeout(CALL_TIMEOUT).build();
-        Self { endpoint: endpoint.trim_end_matches('/').to_string(), agent }
+        Self::connect(endpoint, &EtcdAccess::default()).unwrap_or_else(|_| Self {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            agent: ureq::AgentBuilder::new().timeout(CALL_TIMEOUT).build(),
+            user: None,
+            token: Arc::default(),
+        })
+    }
+
+    /// etcd at `endpoint`, reached and signed in to as `access` says.
+    pub fn connect(endpoint: &str, access: &EtcdAccess) -> Result<Self, EtcdError> {
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        let mut agent = ureq::AgentBuilder::new().timeout(CALL_TIMEOUT);
+        if access.ca.is_some() || access.identity.is_some() || endpoint.starts_with("https://") {
+            if !endpoint.starts_with("https://") {
+                return Err(EtcdError::Call {
+                    endpoint,
+                    message: "etcd_ca / etcd_cert are set but the endpoint is not https://".into(),
+                });
+            }
+            let files = sluice_rdma::tls::ClientTlsFiles { ca: access.ca.clone(), identity: access.identity.clone() };
+            let tls = sluice_rdma::tls::client_config(&files)
+                .map_err(|e| EtcdError::Call { endpoint: endpoint.clone(), message: e.to_string() })?;
+            agent = agent.tls_config(tls);
+        }
+        Ok(Self { endpoint, agent: agent.build(), user: access.user.clone().map(Arc::new), token: Arc::default() })
     }
 
     pub fn endpoint(&self) -> &str {
@@ -94,17 +165,65 @@ impl Etcd {
     }
 
     fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
-        let url = format!("{}{path}", self.endpoint);
-        let response = self.agent.post(&url).send_json(body).map_err(|err| EtcdError::Call {
-            endpoint: self.endpoint.clone(),
-            message: match err {
-                ureq::Error::Status(code, response) => {
-                    format!("{path}: {code} {}", response.into_string().unwrap_or_default())
+        let token = self.token()?;
+        match self.send(path, &body, token.as_deref()) {
+            Err(Failure::Token(err)) if self.user.is_some() => {
+                tracing::debug!("etcd refused the token ({err}); signing in again");
+                if let Ok(mut slot) = self.token.lock() {
+                    *slot = None;
                 }
-                other => format!("{path}: {other}"),
-            },
+                let token = self.token()?;
+                self.send(path, &body, token.as_deref()).map_err(|f| match f {
+                    Failure::Token(e) | Failure::Other(e) => e,
+                })
+            }
+            Err(Failure::Token(err) | Failure::Other(err)) => Err(err),
+            Ok(answer) => Ok(answer),
+        }
+    }
+
+    /// The token to send: none without a user; the current sign-in's, or a
+    /// new sign-in's.
+    fn token(&self) -> Result<Option<String>, EtcdError> {
+        let Some(user) = self.user.as_deref() else { return Ok(None) };
+        let mut slot = self.token.lock().map_err(|_| self.answer("the token lock is poisoned".into()))?;
+        if let Some(token) = slot.as_ref() {
+            return Ok(Some(token.clone()));
+        }
+        let (name, password) = user;
+        let body = json!({ "name": name, "password": password.expose() });
+        let answer = self.send("/v3/auth/authenticate", &body, None).map_err(|f| match f {
+            Failure::Token(e) | Failure::Other(e) => e,
         })?;
-        response.into_json().map_err(|e| self.answer(format!("{path}: {e}")))
+        let token = answer
+            .get("token")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.answer(format!("signing in as {name} gave no token")))?
+            .to_string();
+        *slot = Some(token.clone());
+        Ok(Some(token))
+    }
+
+    fn send(&self, path: &str, body: &Value, token: Option<&str>) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.endpoint);
+        let mut request = self.agent.post(&url);
+        if let Some(token) = token {
+            request = request.set("Authorization", token);
+        }
+        let call_error = |message: String| EtcdError::Call { endpoint: self.endpoint.clone(), message };
+        let response = request.send_json(body.clone()).map_err(|err| match err {
+            ureq::Error::Status(code, response) => {
+                let text = response.into_string().unwrap_or_default();
+                let error = call_error(format!("{path}: {code} {}", text.trim()));
+                if code == 401 || text.contains("invalid auth token") {
+                    Failure::Token(error)
+                } else {
+                    Failure::Other(error)
+                }
+            }
+            other => Failure::Other(call_error(format!("{path}: {other}"))),
+        })?;
+        response.into_json().map_err(|e| Failure::Other(self.answer(format!("{path}: {e}"))))
     }
 
     fn answer(&self, message: String) -> EtcdError {

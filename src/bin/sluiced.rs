@@ -112,6 +112,21 @@ struct Args {
     /// Key prefix of the cluster in etcd [default: /sluice].
     #[arg(long, value_name = "PREFIX")]
     etcd_prefix: Option<String>,
+    /// CA (PEM) of etcd's server certificate (an https:// --etcd).
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth.
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// Its key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user to sign in as (etcd with authentication enabled).
+    #[arg(long, value_name = "USER", requires = "etcd_password_file")]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
     /// This node's id in the cluster [default: the node name].
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
@@ -195,6 +210,17 @@ fn main() -> ExitCode {
     }
     if args.node_id.is_some() {
         config.node_id = args.node_id;
+    }
+    if args.etcd_ca.is_some() {
+        config.etcd_ca = args.etcd_ca;
+    }
+    if args.etcd_cert.is_some() {
+        config.etcd_cert = args.etcd_cert;
+        config.etcd_key = args.etcd_key;
+    }
+    if args.etcd_user.is_some() {
+        config.etcd_user = args.etcd_user;
+        config.etcd_password_file = args.etcd_password_file;
     }
     if let Some(replicas) = args.replicas {
         config.replicas = replicas;

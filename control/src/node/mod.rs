@@ -358,8 +358,8 @@ impl ControlPlane {
             CatalogChoice::Local => {
                 (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1, std::time::Duration::MAX)
             }
-            CatalogChoice::Etcd { endpoint, prefix, node, replicas, repair_after } => {
-                let etcd = Arc::new(EtcdCatalog::connect(&endpoint, &prefix, &node)?);
+            CatalogChoice::Etcd { endpoint, access, prefix, node, replicas, repair_after } => {
+                let etcd = Arc::new(EtcdCatalog::connect_with(&endpoint, &access, &prefix, &node)?);
                 (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1), repair_after)
             }
         };

@@ -23,7 +23,15 @@ pub enum CatalogChoice {
     /// etcd, shared by every node started with the same endpoint and prefix.
     /// A dataset short of `replicas` live placed nodes for `repair_after`
     /// gets a new one.
-    Etcd { endpoint: String, prefix: String, node: String, replicas: usize, repair_after: Duration },
+    Etcd {
+        endpoint: String,
+        /// TLS, client certificate and etcd user.
+        access: crate::etcd::EtcdAccess,
+        prefix: String,
+        node: String,
+        replicas: usize,
+        repair_after: Duration,
+    },
 }
 
 /// One copy as the cluster sees it.
