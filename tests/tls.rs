@@ -10,42 +10,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::pki::{authority, issue};
 use common::{random_file, NodeProcess};
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use serde_json::Value;
 use sluice_client::{ClientTlsFiles, OpenOptions, RangeStatus, ReadRange, TransportChoice};
-
-struct Authority {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-    pem: PathBuf,
-}
-
-fn authority(dir: &Path, name: &str) -> Authority {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().expect("key");
-    let cert = params.self_signed(&key).expect("self-signed CA");
-    let pem = dir.join(format!("{name}.pem"));
-    std::fs::write(&pem, cert.pem()).expect("write CA");
-    Authority { cert, key, pem }
-}
-
-/// A certificate for `cn` signed by `ca`: (certificate file, key file).
-fn issue(dir: &Path, ca: &Authority, cn: &str, server: bool) -> (PathBuf, PathBuf) {
-    let names = if server { vec!["localhost".to_string(), "127.0.0.1".to_string()] } else { Vec::new() };
-    let mut params = CertificateParams::new(names).expect("params");
-    params.distinguished_name.push(DnType::CommonName, cn);
-    params.extended_key_usages =
-        vec![if server { ExtendedKeyUsagePurpose::ServerAuth } else { ExtendedKeyUsagePurpose::ClientAuth }];
-    let key = KeyPair::generate().expect("key");
-    let cert = params.signed_by(&key, &ca.cert, &ca.key).expect("sign");
-    let (cert_path, key_path) = (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")));
-    std::fs::write(&cert_path, cert.pem()).expect("write cert");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-    (cert_path, key_path)
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")

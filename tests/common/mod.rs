@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+pub mod loopdev;
+pub mod pki;
+
 /// A `sluiced` child process, killed when dropped.
 pub struct NodeProcess {
     pub child: Child,
