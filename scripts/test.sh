@@ -22,13 +22,15 @@ $SUDO apt-get update -q
 # (verbs peers), nvme-cli (namespace attach), procps.
 # The benchmark suite's peers: nbdkit (+ fio's nbd engine), nginx + wrk,
 # valgrind (callgrind instruction counts), a font for the plots.
-# etcd-server: the cluster catalog's tests start their own etcd on loopback.
+# etcd-server + etcd-client: the cluster tests start their own etcd on loopback
+# (TLS, client certificates, auth on) and make its users with etcdctl.
+# mount (losetup) + e2fsprogs: loop devices as namespace devices, an ext4 image.
 # openssl: the Python TLS test and bench/ab.sh make their certificates with it.
 $SUDO apt-get install -y -q --no-install-recommends \
     build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
-    nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server openssl
+    nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server etcd-client openssl mount e2fsprogs
 
 echo "== toolchain"
 cargo --version
