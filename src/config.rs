@@ -261,8 +261,8 @@ impl NodeConfig {
         };
         let user = match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {
-                let password = std::fs::read_to_string(file)
-                    .map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
+                let password =
+                    std::fs::read_to_string(file).map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
                 let password = password.trim_end_matches(['\r', '\n']).to_string();
                 if password.is_empty() {
                     return Err(format!("etcd_password_file {} is empty", file.display()));

@@ -195,7 +195,7 @@ impl Node {
         let catalog = match &config.etcd {
             Some(endpoint) => CatalogChoice::Etcd {
                 endpoint: endpoint.clone(),
-                access: config.etcd_access().map_err(NodeError::Access)?,
+                access: Box::new(config.etcd_access().map_err(NodeError::Access)?),
                 prefix: config.etcd_prefix.clone(),
                 node: config.node_id.clone().unwrap_or_else(|| config.name.clone()),
                 replicas: config.replicas.max(1),
@@ -366,7 +366,10 @@ impl Node {
             shutdown_rx.clone(),
         )));
         if let Some(listener) = metrics_listener {
-            tracing::info!("GET /metrics open to anyone on {} (metrics_listen)", listener.local_addr().map(|a| a.to_string()).unwrap_or_default());
+            tracing::info!(
+                "GET /metrics open to anyone on {} (metrics_listen)",
+                listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            );
             let router = api::metrics_router(Arc::clone(&control));
             tasks.push(serve_control(control_runtime.handle(), listener, None, router, shutdown_rx.clone()));
         }

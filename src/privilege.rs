@@ -107,7 +107,8 @@ fn walk(dir: &mut Dir, shown: &Path, uid: Uid, gid: Gid, depth: usize, budget: &
         .map(|e| (e.file_name().to_owned(), e.file_type()))
         .collect();
     for (name, kind) in entries {
-        *budget = budget.checked_sub(1).ok_or_else(|| format!("more than {ENTRIES_MAX} entries under the data directory"))?;
+        *budget =
+            budget.checked_sub(1).ok_or_else(|| format!("more than {ENTRIES_MAX} entries under the data directory"))?;
         let path = shown.join(name.to_string_lossy().as_ref());
         nix::unistd::fchownat(Some(fd), name.as_c_str(), Some(uid), Some(gid), AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| format!("chown {}: {e}", path.display()))?;

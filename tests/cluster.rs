@@ -79,8 +79,7 @@ impl EtcdServer {
         if !password.exists() {
             std::fs::write(&password, format!("pw-{node}-{}\n", rand::random::<u64>())).expect("password");
             let etcdctl = self.etcdctl(Some(&format!("root:{ROOT_PASSWORD}")));
-            let env: Vec<_> =
-                etcdctl.get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))).collect();
+            let env: Vec<_> = etcdctl.get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))).collect();
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/etcd-roles.sh");
             let out = Command::new("bash")
                 .arg(&script)
@@ -487,7 +486,8 @@ fn a_node_role_writes_only_its_own_keys() {
     let Some(etcd) = start_etcd(dir.path()) else { return };
     let n1 = Etcd::connect(&etcd.endpoint, &etcd.access("/sluice-test", "n1")).expect("etcd as n1");
     etcd.node_user("/sluice-test", "n2");
-    for own in ["/sluice-test/replicas/n1/x", "/sluice-test/members/n1", "/sluice-test/datasets/x", "/sluice-test/grants/1"]
+    for own in
+        ["/sluice-test/replicas/n1/x", "/sluice-test/members/n1", "/sluice-test/datasets/x", "/sluice-test/grants/1"]
     {
         n1.put(own, b"{}", None).unwrap_or_else(|e| panic!("n1 writes {own}: {e}"));
     }
@@ -544,7 +544,11 @@ fn forged_copy_records_touch_nothing_outside_the_node() {
         root.put(&format!("/sluice-test/replicas/n1/{name}"), forged.to_string().as_bytes(), None).expect("forge");
     }
     let refusals = || std::fs::read_to_string(&log).unwrap_or_default().matches("refused a catalog record").count();
-    assert!(eventually(30, || refusals() >= 2), "the reaper refused both records:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        eventually(30, || refusals() >= 2),
+        "the reaper refused both records:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     assert!(std::fs::read(&victim_file).expect("victim file") == file_bytes, "the file outside is unchanged");
     assert!(std::fs::read(&victim_device).expect("victim device") == device_bytes, "the 'device' is unchanged");
     drop(node);
@@ -585,7 +589,9 @@ fn a_revocation_reaches_another_node_during_a_copy() {
         cluster(&n2)["datasets"].as_array().is_some_and(|d| {
             d.iter().any(|d| {
                 d["name"] == "big"
-                    && d["copies"].as_array().is_some_and(|c| c.iter().any(|c| c["node"] == "n2" && c["ready"] == false))
+                    && d["copies"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["node"] == "n2" && c["ready"] == false))
             })
         })
     };
@@ -593,7 +599,8 @@ fn a_revocation_reaches_another_node_during_a_copy() {
     n1.ctl_ok(&["grant", "revoke", &id]);
     let revoked_at = std::time::Instant::now();
     let mut buf = vec![0u8; 4096];
-    let closed = eventually(5, || session.read_batch(&[ReadRange { offset: 0, len: 4096, dest: 0 }], &mut buf).is_err());
+    let closed =
+        eventually(5, || session.read_batch(&[ReadRange { offset: 0, len: 4096, dest: 0 }], &mut buf).is_err());
     assert!(closed, "the session on n2 closed within 5 s of the revocation on n1");
     assert!(copying(), "the copy was still running {:?} after the revocation", revoked_at.elapsed());
 }

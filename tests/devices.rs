@@ -60,8 +60,10 @@ fn a_device_with_a_filesystem_signature_is_left_alone_until_claimed() {
     assert!(refused.contains("ext2/3/4") && refused.contains("--claim-device"), "{report}");
     drop(node);
 
-    let node =
-        NodeProcess::start_secure_with(&data, &["--namespace-device", device.path_str(), "--claim-device", device.path_str()]);
+    let node = NodeProcess::start_secure_with(
+        &data,
+        &["--namespace-device", device.path_str(), "--claim-device", device.path_str()],
+    );
     node.ctl_ok(&["dataset", "create", "b", "--kind", "bytes"]);
     assert_eq!(namespace_kind(&node, "b"), "device", "claimed, the device takes the next dataset");
 }

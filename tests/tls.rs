@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::pki::{authority, issue};
 use common::{random_file, NodeProcess};

@@ -663,7 +663,9 @@ fn qemu_args(
                 push(&[
                     "-device",
                     &format!(
-                        "nvme-ns,drive=c{c}n{n},bus=nvme{c},nsid={n}{}",
+                        // shared=off: a namespace of this host alone (NMIC 0),
+                        // which is all the node will attach.
+                        "nvme-ns,drive=c{c}n{n},bus=nvme{c},nsid={n},shared=off{}",
                         if detached { ",detached=on" } else { "" }
                     ),
                 ]);

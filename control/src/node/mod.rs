@@ -328,10 +328,8 @@ impl ControlPlane {
         let NamespacePool { devices, controllers: nvme_controllers, claim: claimed_devices } = pool;
         let mut namespace_devices = Vec::with_capacity(devices.len());
         for device in &devices {
-            let held = crate::claim::HeldDevice::open(device).map_err(|e| ControlError::Namespace {
-                name: device.display().to_string(),
-                message: e.to_string(),
-            })?;
+            let held = crate::claim::HeldDevice::open(device)
+                .map_err(|e| ControlError::Namespace { name: device.display().to_string(), message: e.to_string() })?;
             namespace_devices.push(held);
         }
         let attach_ledger = ownership::AttachLedger::open(data_dir).map_err(|e| ControlError::Namespace {
@@ -639,7 +637,8 @@ impl ControlPlane {
     /// recorded, so two creates, or a create and a copy, never pick the
     /// same namespace.
     fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
-        let file = |reason: String| NamespaceRecord::new("file", self.file_namespace_path(id).display().to_string(), reason);
+        let file =
+            |reason: String| NamespaceRecord::new("file", self.file_namespace_path(id).display().to_string(), reason);
         match self.driver.kind() {
             DriverKind::Mem => {
                 return NamespaceRecord::new(

@@ -44,8 +44,9 @@ impl AttachLedger {
     pub fn open(data_dir: &Path) -> std::io::Result<Self> {
         let path = data_dir.join("attached.json");
         let entries = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?,
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?
+            }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(err) => return Err(err),
         };
@@ -153,16 +154,14 @@ impl ControlPlane {
         let entry = self.attach_ledger.get(label).ok_or_else(|| {
             format!("this node never attached {label} (it is not in {})", self.data_dir.join("attached.json").display())
         })?;
-        let opened = crate::nvme::Controller::open(&controller).map_err(|e| format!("{}: {e}", controller.display()))?;
+        let opened =
+            crate::nvme::Controller::open(&controller).map_err(|e| format!("{}: {e}", controller.display()))?;
         if opened.block_device(nsid).as_deref() != Some(Path::new(device)) {
             return Err(format!("{device} is not the block device of namespace {nsid} of {}", controller.display()));
         }
         let identity = opened.namespace_identity(nsid).map_err(|e| format!("identifying {label}: {e}"))?;
         if identity != entry.identity {
-            return Err(format!(
-                "namespace {label} is now {identity}, not the {} this node attached",
-                entry.identity
-            ));
+            return Err(format!("namespace {label} is now {identity}, not the {} this node attached", entry.identity));
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ pub enum CatalogChoice {
     Etcd {
         endpoint: String,
         /// TLS, client certificate and etcd user.
-        access: crate::etcd::EtcdAccess,
+        access: Box<crate::etcd::EtcdAccess>,
         prefix: String,
         node: String,
         replicas: usize,

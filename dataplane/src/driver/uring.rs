@@ -70,7 +70,9 @@ impl BlockDriver for UringDriver {
                 (path, control, data)
             }
             NamespaceSpec::Held { path, control, direct } => {
-                let dup = |file: &File| file.try_clone().map_err(|source| DriverError::Open { what: path.display().to_string(), source });
+                let dup = |file: &File| {
+                    file.try_clone().map_err(|source| DriverError::Open { what: path.display().to_string(), source })
+                };
                 let data = match (self.io_mode, direct) {
                     (IoMode::Direct, Some(direct)) => (dup(direct)?, true),
                     _ => (dup(control)?, false),
