@@ -17,30 +17,42 @@ const STEP_BYTES: u64 = 8 << 20;
 /// Bytes per range of a step.
 const RANGE_BYTES: u64 = 1 << 20;
 
+/// A once-a-[`PERIOD`] ticker that ends at shutdown.
+struct Ticker {
+    tick: tokio::time::Interval,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Ticker {
+    fn new(shutdown: watch::Receiver<bool>) -> Self {
+        let mut tick = tokio::time::interval(PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { tick, shutdown }
+    }
+
+    /// Waits for the next tick; `false` once the node shuts down.
+    async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.tick.tick() => true,
+            _ = self.shutdown.changed() => false,
+        }
+    }
+}
+
 /// Picks up grants issued or revoked on other nodes once a second, in a
 /// loop of its own so a long copy never delays a revocation: sessions of a
 /// grant revoked anywhere close within about a second here.
-pub async fn refresh_grants(control: Arc<ControlPlane>, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
+pub async fn refresh_grants(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
+    let mut ticker = Ticker::new(shutdown);
+    while ticker.next().await {
         let refreshing = Arc::clone(&control);
         let _ = tokio::task::spawn_blocking(move || refreshing.refresh_grants()).await;
     }
 }
 
-pub async fn run(control: Arc<ControlPlane>, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
+pub async fn run(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
+    let mut ticker = Ticker::new(shutdown.clone());
+    while ticker.next().await {
         if let Err(err) = control.reap_replicas().await {
             tracing::warn!("dropping copies of deleted datasets: {err}");
         }
