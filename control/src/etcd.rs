@@ -105,6 +105,14 @@ enum Failure {
     Other(EtcdError),
 }
 
+impl From<Failure> for EtcdError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Token(err) | Failure::Other(err) => err,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct RawKv {
     key: String,
@@ -131,16 +139,6 @@ fn b64(bytes: impl AsRef<[u8]>) -> String {
 }
 
 impl Etcd {
-    /// An unsecured etcd (`http://`, no authentication).
-    pub fn new(endpoint: &str) -> Self {
-        Self::connect(endpoint, &EtcdAccess::default()).unwrap_or_else(|_| Self {
-            endpoint: endpoint.trim_end_matches('/').to_string(),
-            agent: ureq::AgentBuilder::new().timeout(CALL_TIMEOUT).build(),
-            user: None,
-            token: Arc::default(),
-        })
-    }
-
     /// etcd at `endpoint`, reached and signed in to as `access` says.
     pub fn connect(endpoint: &str, access: &EtcdAccess) -> Result<Self, EtcdError> {
         let endpoint = endpoint.trim_end_matches('/').to_string();
@@ -173,12 +171,9 @@ impl Etcd {
                     *slot = None;
                 }
                 let token = self.token()?;
-                self.send(path, &body, token.as_deref()).map_err(|f| match f {
-                    Failure::Token(e) | Failure::Other(e) => e,
-                })
+                Ok(self.send(path, &body, token.as_deref())?)
             }
-            Err(Failure::Token(err) | Failure::Other(err)) => Err(err),
-            Ok(answer) => Ok(answer),
+            other => Ok(other?),
         }
     }
 
@@ -192,9 +187,7 @@ impl Etcd {
         }
         let (name, password) = user;
         let body = json!({ "name": name, "password": password.expose() });
-        let answer = self.send("/v3/auth/authenticate", &body, None).map_err(|f| match f {
-            Failure::Token(e) | Failure::Other(e) => e,
-        })?;
+        let answer = self.send("/v3/auth/authenticate", &body, None)?;
         let token = answer
             .get("token")
             .and_then(Value::as_str)

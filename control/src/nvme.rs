@@ -206,9 +206,11 @@ impl Controller {
     }
 
     /// What identifies namespace `nsid` whatever its number: its NGUID and
-    /// EUI64 as hex (`NGUID-EUI64`). A namespace deleted and another made
-    /// under the same NSID differs here, so a record naming the NSID alone
-    /// cannot make the node detach or delete the wrong one.
+    /// EUI64 as hex (`NGUID-EUI64`). Where the controller reports either, a
+    /// namespace deleted and another made under the same NSID differs here,
+    /// so a record naming the NSID alone cannot make the node detach or
+    /// delete the wrong one; where it reports neither (all zeros), only the
+    /// NSID and the attach ledger tell them apart.
     pub fn namespace_identity(&self, nsid: u32) -> io::Result<String> {
         Ok(namespace_identity(&*self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?))
     }
@@ -271,6 +273,11 @@ fn namespace_shared(page: &[u8; PAGE_BYTES]) -> bool {
     page[30] & 1 != 0
 }
 
+/// An identity of all zeros: the controller reports no NGUID or EUI64.
+pub fn identity_is_blank(identity: &str) -> bool {
+    identity.bytes().all(|b| b == b'0' || b == b'-')
+}
+
 /// Identify Namespace NGUID (bytes 104..120) and EUI64 (120..128) as hex.
 fn namespace_identity(page: &[u8; PAGE_BYTES]) -> String {
     format!("{}-{}", crate::hex::encode(&page[104..120]), crate::hex::encode(&page[120..128]))
@@ -322,11 +329,13 @@ mod tests {
         let mut page = Box::new([0u8; PAGE_BYTES]);
         assert!(!namespace_shared(&page));
         assert_eq!(namespace_identity(&page), format!("{}-{}", "00".repeat(16), "00".repeat(8)));
+        assert!(identity_is_blank(&namespace_identity(&page)));
         page[30] = 1;
         page[104] = 0xab;
         page[127] = 0x01;
         assert!(namespace_shared(&page));
         assert_eq!(namespace_identity(&page), format!("ab{}-{}01", "00".repeat(15), "00".repeat(7)));
+        assert!(!identity_is_blank(&namespace_identity(&page)));
     }
 
     #[test]

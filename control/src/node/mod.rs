@@ -397,6 +397,7 @@ impl ControlPlane {
             serving: Mutex::new(HashMap::new()),
         };
         control.recover()?;
+        control.warn_refused_devices();
         let grants = control.catalog.grants()?;
         if let Ok(mut map) = control.grants.write() {
             map.extend(grants.into_iter().map(|g| (g.token_hash.clone(), g)));
@@ -597,15 +598,15 @@ impl ControlPlane {
         Ok(BusyGuard { plane: self, name: name.to_string() })
     }
 
-    /// Every namespace path this node's records use: the datasets' and
-    /// this node's copies, also copies of datasets deleted elsewhere that
-    /// the reaper has not released yet.
+    /// Every namespace path this node's records use. In a cluster, this
+    /// node's copy records are the whole of it: every dataset it holds has
+    /// one, and so has a copy of a dataset deleted elsewhere that the reaper
+    /// has not released yet.
     fn namespaces_in_use(&self) -> Result<HashSet<String>, ControlError> {
-        let mut used: HashSet<String> = self.catalog.list()?.into_iter().map(|r| r.namespace.path).collect();
-        if let Some(cluster) = self.cluster.as_deref() {
-            used.extend(cluster.own_replicas()?.into_values().map(|r| r.namespace.path));
-        }
-        Ok(used)
+        Ok(match self.cluster.as_deref() {
+            Some(cluster) => cluster.own_replicas()?.into_values().map(|r| r.namespace.path).collect(),
+            None => self.catalog.list()?.into_iter().map(|r| r.namespace.path).collect(),
+        })
     }
 
     /// Why a free namespace device may not take a dataset: someone else's
@@ -615,12 +616,18 @@ impl ControlPlane {
             return None;
         }
         let why = device.foreign_use()?;
-        tracing::warn!(
-            "{} is not used for datasets: {why} (start with --claim-device {} to use it anyway)",
-            device.path.display(),
-            device.path.display()
-        );
         Some(format!("{why}; --claim-device {} uses it anyway", device.path.display()))
+    }
+
+    /// Says once, at start, which free namespace devices the allocator
+    /// will leave alone and why (`devices ls` says it again on asking).
+    fn warn_refused_devices(&self) {
+        let Ok(used) = self.namespaces_in_use() else { return };
+        for device in self.namespace_devices.iter().filter(|d| !used.contains(&d.path.display().to_string())) {
+            if let Some(why) = self.device_refusal(device) {
+                tracing::warn!("{} is not used for datasets: {why}", device.path.display());
+            }
+        }
     }
 
     fn held_device(&self, path: &Path) -> Option<&crate::claim::HeldDevice> {
@@ -632,8 +639,7 @@ impl ControlPlane {
     /// configured controller's detached pool; else a file per dataset in the
     /// node's namespace directory. With a size hint, only namespaces that
     /// hold it count, and the smallest of those is taken (best fit, so big
-    /// namespaces stay free for big datasets). Runs inside the catalog's
-    /// The caller holds [`ControlPlane::allocator`] until the choice is
+    /// namespaces stay free for big datasets). The caller holds [`ControlPlane::allocator`] until the choice is
     /// recorded, so two creates, or a create and a copy, never pick the
     /// same namespace.
     fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
@@ -782,6 +788,9 @@ impl ControlPlane {
     ) -> Result<PathBuf, String> {
         let label = crate::nvme::attachment_label(controller.path(), nsid);
         let identity = controller.namespace_identity(nsid).map_err(|e| format!("identifying {label}: {e}"))?;
+        if crate::nvme::identity_is_blank(&identity) {
+            tracing::warn!("{label} reports no NGUID or EUI64: only its NSID identifies it before a detach");
+        }
         self.attach_ledger
             .insert(ownership::Attachment { label: label.clone(), identity, created })
             .map_err(|e| format!("recording the attachment of {label}: {e}"))?;
@@ -822,7 +831,7 @@ impl ControlPlane {
             Some(held) => NamespaceSpec::Held {
                 path: held.path.clone(),
                 control: Arc::clone(&held.control),
-                direct: Some(Arc::clone(&held.direct)),
+                direct: Arc::clone(&held.direct),
             },
             None => NamespaceSpec::File { path: PathBuf::from(path), create: false },
         }

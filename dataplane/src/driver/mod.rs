@@ -72,9 +72,9 @@ pub enum NamespaceSpec {
     File { path: PathBuf, create: bool },
     /// A block device the node opened itself before it gave up root
     /// (exclusively: see `sluice_control::claim`): its descriptors are
-    /// duplicated, the path is never opened again. `direct` is the O_DIRECT
-    /// descriptor, when the node reads around the page cache.
-    Held { path: PathBuf, control: Arc<std::fs::File>, direct: Option<Arc<std::fs::File>> },
+    /// duplicated, the path is never opened again. `direct` is opened
+    /// O_DIRECT, for a node that reads around the page cache.
+    Held { path: PathBuf, control: Arc<std::fs::File>, direct: Arc<std::fs::File> },
     /// A fresh in-memory namespace.
     Mem,
     /// Namespace `nsid` of the NVMe controller at PCI address `controller`,

@@ -7,6 +7,7 @@ use std::io;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::Path;
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
@@ -30,31 +31,35 @@ pub struct UringDriver {
 }
 
 impl UringDriver {
-    /// The control descriptor and the hot path's (with whether it is
-    /// O_DIRECT) of a file or block device opened by path.
-    fn open_file(&self, path: &std::path::Path, create: bool) -> Result<(File, (File, bool)), DriverError> {
-        let open_err = |source| DriverError::Open { what: path.display().to_string(), source };
-        let control =
-            OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path).map_err(open_err)?;
-        let data = match self.io_mode {
-            IoMode::Buffered => (control.try_clone().map_err(open_err)?, false),
-            IoMode::Direct => match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
-                Ok(file) => (file, true),
-                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::warn!(
-                        "{}: the filesystem refuses O_DIRECT; serving it through the page cache",
-                        path.display()
-                    );
-                    (control.try_clone().map_err(open_err)?, false)
-                }
-                Err(err) => return Err(open_err(err)),
-            },
-        };
-        Ok((control, data))
-    }
-
     pub fn new(io_mode: IoMode) -> Self {
         Self { io_mode }
+    }
+
+    /// The control descriptor, the hot path's, and whether that one is
+    /// O_DIRECT, of a file or block device opened by path.
+    fn open_path(&self, path: &Path, create: bool) -> io::Result<(File, File, bool)> {
+        let control = OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path)?;
+        if self.io_mode == IoMode::Buffered {
+            let data = control.try_clone()?;
+            return Ok((control, data, false));
+        }
+        match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+            Ok(data) => Ok((control, data, true)),
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!("{}: the filesystem refuses O_DIRECT; serving it through the page cache", path.display());
+                let data = control.try_clone()?;
+                Ok((control, data, false))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The same from descriptors the node opened at start (duplicated).
+    fn dup_held(&self, control: &File, direct: &File) -> io::Result<(File, File, bool)> {
+        match self.io_mode {
+            IoMode::Direct => Ok((control.try_clone()?, direct.try_clone()?, true)),
+            IoMode::Buffered => Ok((control.try_clone()?, control.try_clone()?, false)),
+        }
     }
 }
 
@@ -64,25 +69,13 @@ impl BlockDriver for UringDriver {
     }
 
     fn open_namespace(&self, spec: &NamespaceSpec) -> Result<Arc<dyn Namespace>, DriverError> {
-        let (path, control, data) = match spec {
-            NamespaceSpec::File { path, create } => {
-                let (control, data) = self.open_file(path, *create)?;
-                (path, control, data)
-            }
-            NamespaceSpec::Held { path, control, direct } => {
-                let dup = |file: &File| {
-                    file.try_clone().map_err(|source| DriverError::Open { what: path.display().to_string(), source })
-                };
-                let data = match (self.io_mode, direct) {
-                    (IoMode::Direct, Some(direct)) => (dup(direct)?, true),
-                    _ => (dup(control)?, false),
-                };
-                (path, dup(control)?, data)
-            }
+        let (path, opened) = match spec {
+            NamespaceSpec::File { path, create } => (path, self.open_path(path, *create)),
+            NamespaceSpec::Held { path, control, direct } => (path, self.dup_held(control, direct)),
             _ => return Err(DriverError::WrongSpec(spec.clone(), DriverKind::Uring)),
         };
-        let (data, direct) = data;
         let open_err = |source| DriverError::Open { what: path.display().to_string(), source };
+        let (control, data, direct) = opened.map_err(open_err)?;
         let block_device = control.metadata().map_err(open_err)?.file_type().is_block_device();
         Ok(Arc::new(FileNamespace { path: path.display().to_string(), control, data, direct, block_device }))
     }
