@@ -1,7 +1,8 @@
-//! The node's replication loop in a cluster: once a second it drops
-//! copies of datasets deleted elsewhere, and copies the sealed datasets placed on it from a
-//! live node that holds them, reading over the data plane with a grant it
-//! issues itself.
+//! The node's loops in a cluster. Once a second, replication drops copies
+//! of datasets deleted elsewhere and copies the sealed datasets placed on
+//! this node from a live node that holds them, reading over the data plane
+//! with a grant it issues itself; beside it, the grant refresh picks up
+//! grants issued or revoked on other nodes.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -77,14 +77,27 @@ fn a_device_another_process_holds_stops_the_start() {
     let Some(device) = LoopDevice::new(dir.path(), "held", 8 << 20) else { return };
     let held =
         std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&device.path).expect("hold O_EXCL");
-    let out = Command::new(env!("CARGO_BIN_EXE_sluiced"))
+    let log = dir.path().join("sluiced.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
         .args(["--data-dir", path(&dir.path().join("node")), "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0"])
         .args(["--namespace-device", device.path_str()])
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
         .expect("run sluiced");
+    // A node that took the device anyway would serve on: wait a bounded time.
+    let mut exited = None;
+    common::eventually(20, || {
+        exited = child.try_wait().expect("wait");
+        exited.is_some()
+    });
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     drop(held);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the start fails");
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(exited.is_some_and(|status| !status.success()), "the start fails ({exited:?}): {stderr}");
     assert!(stderr.contains("is in use") && stderr.contains(device.path_str()), "{stderr}");
 }
 

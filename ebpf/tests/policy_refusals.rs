@@ -5,35 +5,16 @@
 //! with clang, as `bpf/build.sh` compiles the real ones; no root needed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+#[path = "hostile/compile.rs"]
+mod hostile;
 
 use sluice_ebpf::policy_check::{check, PolicyRefusal};
 
-/// Compiles `tests/hostile/NAME.bpf.c` into `out`, or says why it cannot
-/// (a failure in CI, where `scripts/test.sh` installs clang and libbpf-dev).
+/// Compiles `tests/hostile/NAME.bpf.c` into `out` and reads the object.
 fn compile(name: &str, out: &Path) -> Option<Vec<u8>> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let source = here.join("tests/hostile").join(format!("{name}.bpf.c"));
-    let object = out.join(format!("{name}.bpf.o"));
-    let status = Command::new("clang")
-        .args(["-target", "bpf", "-g", "-O2"])
-        .arg(format!("-I{}", here.join("include").display()))
-        .arg("-I/usr/include/x86_64-linux-gnu")
-        .arg("-c")
-        .arg(&source)
-        .arg("-o")
-        .arg(&object)
-        .status();
-    match status {
-        Ok(status) if status.success() => Some(std::fs::read(&object).expect("read the object")),
-        other => {
-            let why =
-                format!("SKIP: clang could not compile {} ({other:?}); install clang and libbpf-dev", source.display());
-            assert!(std::env::var_os("CI").is_none(), "{why}");
-            eprintln!("{why}");
-            None
-        }
-    }
+    let object = hostile::compile_hostile(Path::new(env!("CARGO_MANIFEST_DIR")), name, out)?;
+    Some(std::fs::read(object).expect("read the object"))
 }
 
 fn temp_dir() -> PathBuf {

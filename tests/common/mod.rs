@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+#[path = "../../ebpf/tests/hostile/compile.rs"]
+mod hostile;
 pub mod loopdev;
 pub mod pki;
 
@@ -218,28 +220,8 @@ pub fn eventually(seconds: u64, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
-/// Compiles the hostile policy `ebpf/tests/hostile/NAME.bpf.c` into `out`
-/// with clang, as `ebpf/bpf/build.sh` compiles the real ones; `None` (and
-/// a failure in CI, which installs clang) when it cannot.
+/// Compiles the hostile policy `ebpf/tests/hostile/NAME.bpf.c` into `out`;
+/// `None` (a failure in CI) when it cannot.
 pub fn hostile_policy(name: &str, out: &Path) -> Option<PathBuf> {
-    let ebpf = Path::new(env!("CARGO_MANIFEST_DIR")).join("ebpf");
-    let object = out.join(format!("{name}.bpf.o"));
-    let status = Command::new("clang")
-        .args(["-target", "bpf", "-g", "-O2"])
-        .arg(format!("-I{}", ebpf.join("include").display()))
-        .arg("-I/usr/include/x86_64-linux-gnu")
-        .arg("-c")
-        .arg(ebpf.join("tests/hostile").join(format!("{name}.bpf.c")))
-        .arg("-o")
-        .arg(&object)
-        .status();
-    match status {
-        Ok(status) if status.success() => Some(object),
-        other => {
-            let why = format!("SKIP: clang could not compile the hostile policy {name} ({other:?})");
-            assert!(std::env::var_os("CI").is_none(), "{why}");
-            eprintln!("{why}");
-            None
-        }
-    }
+    hostile::compile_hostile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("ebpf"), name, out)
 }

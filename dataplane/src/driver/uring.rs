@@ -46,7 +46,10 @@ impl UringDriver {
         match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
             Ok(data) => Ok((control, data, true)),
             Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::warn!("{}: the filesystem refuses O_DIRECT; serving it through the page cache", path.display());
+                tracing::warn!(
+                    "{}: the filesystem refuses O_DIRECT; serving it through the page cache",
+                    path.display()
+                );
                 let data = control.try_clone()?;
                 Ok((control, data, false))
             }
