@@ -123,7 +123,6 @@ pub struct ControlPlane {
     /// When each dataset was first seen short of live placed nodes.
     short_since: Mutex<HashMap<String, std::time::Instant>>,
     membership: Mutex<Option<Membership>>,
-    data_dir: PathBuf,
     namespace_dir: PathBuf,
     /// Whole block devices (NVMe namespaces) given to this node, one per
     /// dataset, held open exclusively since start; datasets beyond them get
@@ -371,7 +370,6 @@ impl ControlPlane {
             repair_after,
             short_since: Mutex::new(HashMap::new()),
             membership: Mutex::new(None),
-            data_dir: data_dir.to_path_buf(),
             namespace_dir,
             namespace_devices,
             claimed_devices,

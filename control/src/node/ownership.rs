@@ -53,6 +53,10 @@ impl AttachLedger {
         Ok(Self { path, entries: Mutex::new(entries) })
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn get(&self, label: &str) -> Option<Attachment> {
         self.entries.lock().ok()?.iter().find(|a| a.label == label).cloned()
     }
@@ -152,7 +156,7 @@ impl ControlPlane {
             return Err(format!("{} is not one of this node's nvme_controllers", controller.display()));
         }
         let entry = self.attach_ledger.get(label).ok_or_else(|| {
-            format!("this node never attached {label} (it is not in {})", self.data_dir.join("attached.json").display())
+            format!("this node never attached {label} (it is not in {})", self.attach_ledger.path().display())
         })?;
         let opened =
             crate::nvme::Controller::open(&controller).map_err(|e| format!("{}: {e}", controller.display()))?;
