@@ -3,6 +3,7 @@
 //! `sluice quickstart` embeds it, and the integration tests start it for
 //! real.
 
+pub mod admin_helper;
 pub mod config;
 pub mod node;
 pub mod privilege;

@@ -63,6 +63,10 @@ struct QuickstartArgs {
 }
 
 fn main() -> ExitCode {
+    // The NVMe admin helper a `--user` node starts is this executable too.
+    if let Some(exit) = sluice::admin_helper::serve_if_asked() {
+        return exit;
+    }
     // The embedded node's files are its own, as sluiced's are.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     tracing_subscriber::fmt()

@@ -71,15 +71,9 @@ fn spdk_driver(_nvme: &[String]) -> Result<Arc<dyn BlockDriver>, NodeError> {
 }
 
 /// Why `--user` cannot work with this config, if it cannot: what needs
-/// root after start.
+/// root after start and has no helper. (NVMe controllers have one:
+/// [`crate::admin_helper`].)
 fn unprivileged_conflict(config: &NodeConfig, user: &str) -> Option<String> {
-    if !config.nvme_controllers.is_empty() {
-        return Some(format!(
-            "--user {user} with nvme_controllers: attaching and detaching namespaces are NVMe admin commands that \
-             need CAP_SYS_ADMIN at run time, and each attached namespace is a new root-only device node; list the \
-             namespaces as namespace_devices instead (they are opened at start and kept), or run without --user"
-        ));
-    }
     if config.policy_load {
         return Some(format!(
             "--user {user} with policy_load: loading a steering policy at run time needs CAP_BPF; \
@@ -203,6 +197,16 @@ impl Node {
             },
             None => CatalogChoice::Local,
         };
+        // A node that drops to --user leaves its controllers' admin
+        // commands to a helper that stays privileged for them alone.
+        let kernel_admin = match config.user {
+            Some(_) if !config.nvme_controllers.is_empty() => {
+                let helper =
+                    crate::admin_helper::AdminHelper::spawn(&config.nvme_controllers).map_err(NodeError::Privilege)?;
+                Some(Arc::new(helper) as Arc<dyn sluice_control::nvme::KernelAdmin>)
+            }
+            _ => None,
+        };
         let control = Arc::new(ControlPlane::open_with(
             &config.data_dir,
             driver,
@@ -210,6 +214,7 @@ impl Node {
             sluice_control::NamespacePool {
                 devices: config.namespace_devices.clone(),
                 controllers: config.nvme_controllers.clone(),
+                admin: kernel_admin,
                 claim: config.claim_devices.clone(),
             },
             catalog,

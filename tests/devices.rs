@@ -156,3 +156,73 @@ fn user_with_a_namespace_device_serves_byte_exact_with_no_capability() {
     assert_eq!(std::fs::metadata(&outside).expect("outside").uid(), 0, "the link's target keeps its owner");
     assert_eq!(std::fs::metadata(outside.join("secret")).expect("secret").uid(), 0);
 }
+
+/// Processes whose parent is `pid` and whose command line has `marker`.
+fn children_with(pid: u32, marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{child}/cmdline")) else { continue };
+        let parent = std::fs::read_to_string(format!("/proc/{child}/status"))
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PPid:")).map(|p| p.trim().to_string()));
+        if parent.as_deref() == Some(pid.to_string().as_str())
+            && cmdline.split(|b| *b == 0).any(|arg| arg == marker.as_bytes())
+        {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// `--user` with an NVMe controller: the node drops everything and leaves
+/// the controller's admin commands to one helper process that keeps
+/// `CAP_SYS_ADMIN` alone, reaches the controller through it (this machine
+/// has none, so the helper's error comes back through `devices ls` and the
+/// allocator's reason), and takes the helper along when it is killed. The
+/// rig attaches, reads and detaches real namespaces this way
+/// (`hw-tests/tests/sluice.rs`).
+#[test]
+fn user_with_a_controller_leaves_admin_commands_to_one_narrow_helper() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let data = dir.path().join("node");
+    let controller = dir.path().join("nvme-absent");
+    let mut node = NodeProcess::start_secure_with(&data, &["--user", USER, "--nvme-controller", path(&controller)]);
+    let pid = node.child.id();
+    for caps in ["CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(status_field(pid, caps), "0000000000000000", "{caps} of the node");
+    }
+    let helpers = children_with(pid, "--nvme-admin-helper");
+    let [helper] = helpers[..] else { panic!("one helper process, not {helpers:?}") };
+    assert_eq!(status_field(helper, "Uid").split_whitespace().next(), Some("0"), "the helper stays root");
+    let sys_admin = format!("{:016x}", 1u64 << 21);
+    for caps in ["CapPrm", "CapEff", "CapBnd"] {
+        assert_eq!(status_field(helper, caps), sys_admin, "{caps} of the helper: CAP_SYS_ADMIN alone");
+    }
+    assert_eq!(status_field(helper, "CapAmb"), "0000000000000000");
+    assert_eq!(status_field(helper, "CapInh"), "0000000000000000");
+    assert_eq!(status_field(helper, "NoNewPrivs"), "1");
+
+    let devices: Value = serde_json::from_str(&node.ctl_ok(&["--json", "devices", "ls"])).expect("json");
+    let reported = devices.as_array().expect("devices").iter().find(|d| d["path"] == path(&controller)).cloned();
+    let reported = reported.unwrap_or_else(|| panic!("the controller is listed: {devices}"));
+    assert_eq!(reported["kind"], "nvme_controller_unreadable", "{reported}");
+    assert!(reported["refused"].as_str().unwrap_or("").contains("No such file"), "the helper's error: {reported}");
+    node.ctl_ok(&["dataset", "create", "first", "--kind", "bytes"]);
+    let stat: Value = serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "stat", "first"])).expect("json");
+    assert_eq!(stat["namespace"]["kind"], "file", "{stat}");
+    let reason = stat["namespace"]["reason"].as_str().unwrap_or("");
+    assert!(reason.contains(path(&controller)) && reason.contains("No such file"), "asked the helper: {stat}");
+
+    node.kill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{helper}")).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap_or_default();
+    assert!(left.is_empty() || left.contains("State:\tZ"), "the helper outlived the killed node: {left}");
+}

@@ -31,6 +31,8 @@ pub struct HeldDevice {
     pub control: Arc<File>,
     /// Read-only O_DIRECT, for the hot path.
     pub direct: Arc<File>,
+    /// Its size at open, measured while the node could still open it.
+    pub capacity_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +75,9 @@ impl HeldDevice {
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .map_err(|source| ClaimError::Open { path: shown(), source })?;
-        Ok(Self { path: path.to_path_buf(), control: Arc::new(control), direct: Arc::new(direct) })
+        let capacity_bytes = io::Seek::seek(&mut &control, io::SeekFrom::End(0))
+            .map_err(|source| ClaimError::Open { path: shown(), source })?;
+        Ok(Self { path: path.to_path_buf(), control: Arc::new(control), direct: Arc::new(direct), capacity_bytes })
     }
 
     /// What else uses or has data on this device, if anything: partitions

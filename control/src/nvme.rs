@@ -2,13 +2,21 @@
 //! ioctls): what the namespace allocator needs to create a namespace of a
 //! dataset's size (Namespace Management) or take one from a controller's
 //! pool of detached ones, and to give it back. SPDK-owned controllers get
-//! the same calls through SPDK (not built yet).
+//! the same calls through SPDK (`sluice_dataplane::NvmeAdmin`).
+//!
+//! The allocator reaches these commands through [`KernelAdmin`]: in the
+//! node's own process while it runs as root ([`Passthrough`]), or through a
+//! small privileged helper process once the node has dropped to `--user`
+//! (the commands need `CAP_SYS_ADMIN`, and each namespace attached at run
+//! time is a new device node only root opens).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use crate::claim::HeldDevice;
 
 /// `struct nvme_passthru_cmd` from `<linux/nvme_ioctl.h>` (72 bytes).
 #[repr(C)]
@@ -220,32 +228,104 @@ impl Controller {
         self.attachment(nsid, true)
     }
 
-    /// The block device (`/dev/nvmeXnY`) of namespace `nsid` of this
-    /// controller, once the kernel made it. With native multipath the disk
-    /// hangs off the subsystem, so match by the controller's name below it.
+    /// The block device of namespace `nsid` of this controller
+    /// ([`block_device`]).
     pub fn block_device(&self, nsid: u32) -> Option<PathBuf> {
-        let name = self.path.file_name()?.to_str()?.to_string();
-        for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
-            let disk = entry.file_name().to_str()?.to_string();
-            // Skip per-path devices (nvmeXcYnZ).
-            if !disk.starts_with("nvme") || disk.trim_start_matches("nvme").contains('c') {
-                continue;
-            }
-            let sys = entry.path();
-            let id: Option<u32> = std::fs::read_to_string(sys.join("nsid")).ok().and_then(|s| s.trim().parse().ok());
-            let parent = std::fs::canonicalize(sys.join("device")).ok()?;
-            let ours =
-                parent.join(&name).exists() || parent.file_name().and_then(|n| n.to_str()) == Some(name.as_str());
-            if ours && id == Some(nsid) {
-                return Some(PathBuf::from("/dev").join(disk));
-            }
-        }
-        None
+        block_device(&self.path, nsid)
     }
 }
 
+/// The kernel NVMe admin commands the namespace allocator issues, by
+/// controller path (one of the node's `nvme_controllers`), and the one
+/// open it needs: a namespace attached at run time is a new block device.
+pub trait KernelAdmin: Send + Sync {
+    /// Whether the controller supports Namespace Management.
+    fn manages_namespaces(&self, controller: &Path) -> io::Result<bool>;
+    /// Creates a detached namespace of at least `bytes`: its NSID.
+    fn create_namespace(&self, controller: &Path, bytes: u64) -> io::Result<u32>;
+    /// Deletes a detached namespace.
+    fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()>;
+    /// Every namespace of the controller's subsystem.
+    fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>>;
+    /// `NGUID-EUI64` of `nsid` ([`Controller::namespace_identity`]).
+    fn namespace_identity(&self, controller: &Path, nsid: u32) -> io::Result<String>;
+    /// Attaches `nsid` to the controller: its block device.
+    fn attach(&self, controller: &Path, nsid: u32) -> io::Result<PathBuf>;
+    /// Detaches `nsid` from the controller.
+    fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()>;
+    /// Opens the block device of attached namespace `nsid` exclusively,
+    /// as a namespace device is opened at start.
+    fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice>;
+}
+
+/// [`KernelAdmin`] in this process: it must have `CAP_SYS_ADMIN`.
+pub struct Passthrough;
+
+impl KernelAdmin for Passthrough {
+    fn manages_namespaces(&self, controller: &Path) -> io::Result<bool> {
+        Controller::open(controller)?.manages_namespaces()
+    }
+
+    fn create_namespace(&self, controller: &Path, bytes: u64) -> io::Result<u32> {
+        Controller::open(controller)?.create_namespace(bytes)
+    }
+
+    fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()> {
+        Controller::open(controller)?.delete_namespace(nsid)
+    }
+
+    fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>> {
+        Controller::open(controller)?.namespaces()
+    }
+
+    fn namespace_identity(&self, controller: &Path, nsid: u32) -> io::Result<String> {
+        Controller::open(controller)?.namespace_identity(nsid)
+    }
+
+    fn attach(&self, controller: &Path, nsid: u32) -> io::Result<PathBuf> {
+        Controller::open(controller)?.attach(nsid)
+    }
+
+    fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()> {
+        Controller::open(controller)?.detach(nsid)
+    }
+
+    fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice> {
+        let device = block_device(controller, nsid).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("namespace {nsid} of {} has no block device (not attached)", controller.display()),
+            )
+        })?;
+        HeldDevice::open(&device).map_err(io::Error::other)
+    }
+}
+
+/// The block device (`/dev/nvmeXnY`) of namespace `nsid` of `controller`,
+/// once the kernel made it, from sysfs (which anyone may read). With native
+/// multipath the disk hangs off the subsystem, so match by the controller's
+/// name below it.
+pub fn block_device(controller: &Path, nsid: u32) -> Option<PathBuf> {
+    let name = controller.file_name()?.to_str()?.to_string();
+    for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let disk = entry.file_name().to_str()?.to_string();
+        // Skip per-path devices (nvmeXcYnZ).
+        if !disk.starts_with("nvme") || disk.trim_start_matches("nvme").contains('c') {
+            continue;
+        }
+        let sys = entry.path();
+        let id: Option<u32> = std::fs::read_to_string(sys.join("nsid")).ok().and_then(|s| s.trim().parse().ok());
+        let parent = std::fs::canonicalize(sys.join("device")).ok()?;
+        let ours = parent.join(&name).exists() || parent.file_name().and_then(|n| n.to_str()) == Some(name.as_str());
+        if ours && id == Some(nsid) {
+            return Some(PathBuf::from("/dev").join(disk));
+        }
+    }
+    None
+}
+
 /// One namespace of a controller's subsystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolNamespace {
     pub nsid: u32,
     /// Attached to this controller (a block device exists for it).

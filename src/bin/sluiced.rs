@@ -144,6 +144,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // The NVMe admin helper a `--user` node starts is this executable too.
+    if let Some(exit) = sluice::admin_helper::serve_if_asked() {
+        return exit;
+    }
     // Everything the node creates (namespaces, catalog, indexes, tokens)
     // is its own: files 0600, directories 0700.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));

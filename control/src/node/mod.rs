@@ -139,6 +139,12 @@ pub struct ControlPlane {
     /// NVMe controllers (`/dev/nvmeX`) whose detached namespaces the node
     /// may attach, one per dataset, when no namespace device is free.
     nvme_controllers: Vec<PathBuf>,
+    /// How the admin commands for those controllers are issued: here, or
+    /// by the privileged helper when the node runs as `--user`.
+    kernel_admin: Arc<dyn crate::nvme::KernelAdmin>,
+    /// Namespaces attached from the controllers, held open exclusively
+    /// from their first use until they are detached, by attachment label.
+    attached_devices: Mutex<HashMap<String, crate::claim::HeldDevice>>,
     index_dir: PathBuf,
     /// Each sealed dataset's block checksums, beside the data.
     checksums: ChecksumFiles,
@@ -179,11 +185,6 @@ fn hint_words(size_hint: Option<u64>) -> String {
     size_hint.map(|bytes| format!("; the smallest that holds the {bytes} bytes asked")).unwrap_or_default()
 }
 
-/// A block device's size: where a seek to its end lands (0 if unreadable).
-fn block_device_bytes(path: &Path) -> u64 {
-    std::fs::File::open(path).and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))).unwrap_or(0)
-}
-
 /// One place datasets live, for `GET /v1/devices`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DeviceReport {
@@ -205,12 +206,15 @@ pub struct DeviceReport {
 }
 
 /// Where a node may put datasets besides files in its data directory.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct NamespacePool {
     /// Block devices (NVMe namespaces) to give whole to datasets.
     pub devices: Vec<PathBuf>,
     /// Controllers whose detached namespaces may be attached for datasets.
     pub controllers: Vec<PathBuf>,
+    /// Who issues the controllers' admin commands; this process
+    /// ([`crate::nvme::Passthrough`]) when not given.
+    pub admin: Option<Arc<dyn crate::nvme::KernelAdmin>>,
     /// Devices to use although they carry a signature (`--claim-device`).
     pub claim: Vec<PathBuf>,
 }
@@ -324,7 +328,8 @@ impl ControlPlane {
         choice: CatalogChoice,
         adopt: bool,
     ) -> Result<Self, ControlError> {
-        let NamespacePool { devices, controllers: nvme_controllers, claim: claimed_devices } = pool;
+        let NamespacePool { devices, controllers: nvme_controllers, admin, claim: claimed_devices } = pool;
+        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough));
         let mut namespace_devices = Vec::with_capacity(devices.len());
         for device in &devices {
             let held = crate::claim::HeldDevice::open(device)
@@ -376,6 +381,8 @@ impl ControlPlane {
             attach_ledger,
             allocator: Mutex::new(()),
             nvme_controllers,
+            kernel_admin,
+            attached_devices: Mutex::new(HashMap::new()),
             index_dir,
             checksums,
             staged_offsets: Mutex::new(HashMap::new()),
@@ -670,7 +677,7 @@ impl ControlPlane {
             .iter()
             .filter(|d| !used.contains(&d.path.display().to_string()))
             .filter(|d| self.device_refusal(d).is_none())
-            .map(|d| (&d.path, block_device_bytes(&d.path)))
+            .map(|d| (&d.path, d.capacity_bytes))
             .collect();
         if let Some((device, capacity_bytes)) = best_fit(&free, size_hint) {
             return NamespaceRecord::new(
@@ -709,11 +716,11 @@ impl ControlPlane {
     /// controller refuses create: a detached namespace of its pool, the
     /// smallest that holds the size, or the first without one.
     fn attach_from(&self, path: &Path, size_hint: Option<u64>) -> Result<NamespaceRecord, String> {
-        let controller = crate::nvme::Controller::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let admin = &*self.kernel_admin;
         let mut create_refused = String::new();
         if let Some(bytes) = size_hint {
-            match controller.manages_namespaces() {
-                Ok(true) => match self.create_on(&controller, bytes) {
+            match admin.manages_namespaces(path) {
+                Ok(true) => match self.create_on(path, bytes) {
                     Ok(record) => return Ok(record),
                     Err(err) => create_refused = format!("; namespace create refused ({err})"),
                 },
@@ -721,9 +728,9 @@ impl ControlPlane {
                 Err(err) => create_refused = format!("; namespace management unknown ({err})"),
             }
         }
-        let detached: Vec<(u32, u64)> = controller
-            .namespaces()
-            .map_err(|e| e.to_string())?
+        let detached: Vec<(u32, u64)> = admin
+            .namespaces(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
             .into_iter()
             .filter(|ns| !ns.attached && !ns.shared)
             .map(|ns| (ns.nsid, ns.capacity_bytes))
@@ -741,7 +748,7 @@ impl ControlPlane {
                 size_hint.unwrap_or(0)
             )
         })?;
-        let device = self.attach_recorded(&controller, nsid, false)?;
+        let device = self.attach_recorded(path, nsid, false)?;
         tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
         let reason = format!(
             "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
@@ -755,13 +762,13 @@ impl ControlPlane {
 
     /// Creates a namespace of `bytes` on `controller` and attaches it; a
     /// namespace made but not attached is deleted again.
-    fn create_on(&self, controller: &crate::nvme::Controller, bytes: u64) -> Result<NamespaceRecord, String> {
-        let path = controller.path();
-        let nsid = controller.create_namespace(bytes).map_err(|e| e.to_string())?;
-        let device = match self.attach_recorded(controller, nsid, true) {
+    fn create_on(&self, path: &Path, bytes: u64) -> Result<NamespaceRecord, String> {
+        let admin = &*self.kernel_admin;
+        let nsid = admin.create_namespace(path, bytes).map_err(|e| e.to_string())?;
+        let device = match self.attach_recorded(path, nsid, true) {
             Ok(device) => device,
             Err(err) => {
-                if let Err(cleanup) = controller.delete_namespace(nsid) {
+                if let Err(cleanup) = admin.delete_namespace(path, nsid) {
                     tracing::warn!("deleting namespace {nsid} of {} after a failed attach: {cleanup}", path.display());
                 }
                 return Err(err);
@@ -778,21 +785,17 @@ impl ControlPlane {
 
     /// Attaches `nsid`, first writing it into the ledger of namespaces
     /// this node attached (so a crash right after leaves it owned).
-    fn attach_recorded(
-        &self,
-        controller: &crate::nvme::Controller,
-        nsid: u32,
-        created: bool,
-    ) -> Result<PathBuf, String> {
-        let label = crate::nvme::attachment_label(controller.path(), nsid);
-        let identity = controller.namespace_identity(nsid).map_err(|e| format!("identifying {label}: {e}"))?;
+    fn attach_recorded(&self, controller: &Path, nsid: u32, created: bool) -> Result<PathBuf, String> {
+        let admin = &*self.kernel_admin;
+        let label = crate::nvme::attachment_label(controller, nsid);
+        let identity = admin.namespace_identity(controller, nsid).map_err(|e| format!("identifying {label}: {e}"))?;
         if crate::nvme::identity_is_blank(&identity) {
             tracing::warn!("{label} reports no NGUID or EUI64: only its NSID identifies it before a detach");
         }
         self.attach_ledger
             .insert(ownership::Attachment { label: label.clone(), identity, created })
             .map_err(|e| format!("recording the attachment of {label}: {e}"))?;
-        controller.attach(nsid).map_err(|e| {
+        admin.attach(controller, nsid).map_err(|e| {
             if let Err(forget) = self.attach_ledger.remove(&label) {
                 tracing::warn!("forgetting the failed attachment of {label}: {forget}");
             }
@@ -808,7 +811,7 @@ impl ControlPlane {
         self.check_owned(record.id, &record.namespace)?;
         let spec = match record.namespace.kind.as_str() {
             "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
-            "device" => self.device_spec(&record.namespace.path),
+            "device" => self.device_spec(&record.namespace).map_err(|e| self.ns_error(record, e))?,
             user_space::NVME_KIND => {
                 let (controller, nsid) = user_space::parse_nvme_path(&record.namespace.path)
                     .ok_or_else(|| self.ns_error(record, "an nvme namespace path is PCI_ADDRESS/NSID"))?;
@@ -823,16 +826,30 @@ impl ControlPlane {
     }
 
     /// A device namespace by the descriptors held since start, or (one
-    /// attached at run time) by its path.
-    fn device_spec(&self, path: &str) -> NamespaceSpec {
-        match self.held_device(Path::new(path)) {
-            Some(held) => NamespaceSpec::Held {
-                path: held.path.clone(),
-                control: Arc::clone(&held.control),
-                direct: Arc::clone(&held.direct),
-            },
-            None => NamespaceSpec::File { path: PathBuf::from(path), create: false },
+    /// attached from a controller) by those held since its first use.
+    fn device_spec(&self, namespace: &NamespaceRecord) -> Result<NamespaceSpec, String> {
+        let held_spec = |held: &crate::claim::HeldDevice| NamespaceSpec::Held {
+            path: held.path.clone(),
+            control: Arc::clone(&held.control),
+            direct: Arc::clone(&held.direct),
+        };
+        if let Some(held) = self.held_device(Path::new(&namespace.path)) {
+            return Ok(held_spec(held));
         }
+        let label = namespace.attached.as_deref().ok_or("not a namespace device of this node")?;
+        let (controller, nsid) =
+            crate::nvme::parse_attachment_label(label).ok_or_else(|| format!("{label} is not CONTROLLER:NSID"))?;
+        let mut attached = self.attached_devices.lock().map_err(|_| "attached devices lock poisoned")?;
+        if let Some(held) = attached.get(label) {
+            return Ok(held_spec(held));
+        }
+        let held = self.kernel_admin.open_namespace(&controller, nsid).map_err(|e| format!("opening {label}: {e}"))?;
+        if held.path != Path::new(&namespace.path) {
+            return Err(format!("{label} is {}, not {}", held.path.display(), namespace.path));
+        }
+        let spec = held_spec(&held);
+        attached.insert(label.to_string(), held);
+        Ok(spec)
     }
 
     fn index_path(&self, record: &DatasetRecord) -> PathBuf {
@@ -930,11 +947,11 @@ impl ControlPlane {
             let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
             let spec = match user_space::parse_nvme_path(&record.namespace.path) {
                 Some((controller, nsid)) if record.namespace.kind == user_space::NVME_KIND => {
-                    NamespaceSpec::Nvme { controller, nsid }
+                    Ok(NamespaceSpec::Nvme { controller, nsid })
                 }
-                _ => self.device_spec(&record.namespace.path),
+                _ => self.device_spec(&record.namespace),
             };
-            match self.driver.open_namespace(&spec) {
+            match spec.and_then(|spec| self.driver.open_namespace(&spec).map_err(|e| e.to_string())) {
                 Ok(ns) => {
                     if let Err(err) = ns.discard(record.namespace.base_offset_bytes, used) {
                         tracing::warn!("discarding {} bytes of {}: {err}", used, record.namespace.path);
@@ -966,13 +983,18 @@ impl ControlPlane {
         else {
             return;
         };
-        match crate::nvme::Controller::open(&controller).and_then(|c| c.detach(nsid).map(|()| c)) {
-            Ok(c) => {
+        // Our descriptors go first: the device node goes with the detach.
+        if let Ok(mut attached) = self.attached_devices.lock() {
+            attached.remove(label);
+        }
+        let admin = &*self.kernel_admin;
+        match admin.detach(&controller, nsid) {
+            Ok(()) => {
                 tracing::info!("detached namespace {nsid} of {}", controller.display());
                 // One created for the dataset goes back to unallocated
                 // capacity; one from the pool stays in the pool.
                 if entry.created {
-                    match c.delete_namespace(nsid) {
+                    match admin.delete_namespace(&controller, nsid) {
                         Ok(()) => tracing::info!("deleted namespace {nsid} of {}", controller.display()),
                         Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
                     }
@@ -1156,7 +1178,7 @@ impl ControlPlane {
         let mut out = Vec::new();
         for device in &self.namespace_devices {
             let path = device.path.display().to_string();
-            let capacity_bytes = block_device_bytes(&device.path);
+            let capacity_bytes = device.capacity_bytes;
             let datasets: Vec<String> =
                 records.iter().filter(|r| r.namespace.path == path).map(|r| r.name.clone()).collect();
             let used_bytes = records.iter().filter(|r| r.namespace.path == path).map(|r| r.length_bytes).sum();
@@ -1203,7 +1225,7 @@ impl ControlPlane {
     /// else did) or `nvme_detached` (free for the next dataset). A
     /// controller that does not answer is reported with its error as kind.
     fn controller_pool(&self, controller: &std::path::Path, records: &[DatasetRecord]) -> Vec<DeviceReport> {
-        let namespaces = crate::nvme::Controller::open(controller).and_then(|c| c.namespaces());
+        let namespaces = self.kernel_admin.namespaces(controller);
         let namespaces = match namespaces {
             Ok(namespaces) => namespaces,
             Err(err) => {

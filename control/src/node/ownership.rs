@@ -158,12 +158,11 @@ impl ControlPlane {
         let entry = self.attach_ledger.get(label).ok_or_else(|| {
             format!("this node never attached {label} (it is not in {})", self.attach_ledger.path().display())
         })?;
-        let opened =
-            crate::nvme::Controller::open(&controller).map_err(|e| format!("{}: {e}", controller.display()))?;
-        if opened.block_device(nsid).as_deref() != Some(Path::new(device)) {
+        if crate::nvme::block_device(&controller, nsid).as_deref() != Some(Path::new(device)) {
             return Err(format!("{device} is not the block device of namespace {nsid} of {}", controller.display()));
         }
-        let identity = opened.namespace_identity(nsid).map_err(|e| format!("identifying {label}: {e}"))?;
+        let identity =
+            self.kernel_admin.namespace_identity(&controller, nsid).map_err(|e| format!("identifying {label}: {e}"))?;
         if identity != entry.identity {
             return Err(format!("namespace {label} is now {identity}, not the {} this node attached", entry.identity));
         }
