@@ -126,7 +126,9 @@ fn serves_a_dataset_on_an_nvme_namespace_to_the_training_guest() {
 /// the controller to create a namespace of that size: QEMU's controller
 /// advertises Namespace Management and refuses create, and the refusal
 /// (with its NVMe status) is in the reason of the namespace it took
-/// instead.
+/// instead. Then the same node again as `--user nobody`: its NVMe admin
+/// helper detaches, attaches and opens the namespaces, and a dataset on an
+/// attached namespace reads byte-exact before and after a restart.
 #[test]
 fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     let Some(rig) =
@@ -224,5 +226,43 @@ fn attaches_a_detached_namespace_per_dataset_and_detaches_it_on_delete() {
     assert!(reason.contains(&format!("{} bytes", 64u64 << 20)) && reason.contains("1000000 bytes asked"), "{fourth}");
     assert!(reason.contains("namespace create refused"), "create was tried first: {fourth}");
     assert_eq!(fourth["namespace"].get("created"), None, "a pool namespace is not deleted on release: {fourth}");
+
+    // The same node as an unprivileged user: its helper detaches, attaches
+    // and opens namespaces for it, before and after a restart.
+    let stop =
+        format!("pid=$(cat {scratch}/sluiced.pid); kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.1; done");
+    rig.sh(Host::Storage, &stop).expect("stop sluiced");
+    // The service user must reach its data directory under /root.
+    rig.sh(Host::Storage, &format!("chmod o+x /root {scratch}")).expect("chmod");
+    let as_user = format!("--insecure --user nobody --nvme-controller /dev/{}", controller.name);
+    rig.start_sluiced("127.0.0.1", &as_user).expect("start sluiced --user");
+    let owner = rig.sh(Host::Storage, &format!("ps -o user= -p $(cat {scratch}/sluiced.pid)")).expect("ps");
+    assert_eq!(owner.trim(), "nobody", "the node dropped to --user");
+    let helper = rig
+        .sh(Host::Storage, "grep -E '^(Uid|CapEff):' /proc/$(pgrep -f -- --nvme-admin-helper)/status")
+        .expect("helper status");
+    assert!(helper.contains("0000000000200000") && helper.contains("Uid:\t0"), "root, CAP_SYS_ADMIN alone: {helper}");
+    ctl("dataset rm fourth").expect("rm fourth as nobody");
+    assert_eq!(attached(&rig), [1, 3], "the helper detached namespace 2");
+    ctl("dataset create fifth --kind bytes").expect("create fifth as nobody");
+    assert_eq!(stat("fifth")["namespace"]["attached"], format!("/dev/{}:2", controller.name));
+    assert_eq!(attached(&rig), [1, 2, 3], "the helper attached namespace 2");
+    ctl(&format!("dataset ingest fifth {file}")).expect("ingest as nobody");
+    ctl("dataset seal fifth").expect("seal");
+    let read_fifth = || {
+        let got = rig
+            .sh(
+                Host::Storage,
+                &format!("{sluicectl} --endpoint {endpoint} read fifth --offset {offset} --len 4000 | od -An -tx1 -v"),
+            )
+            .expect("read");
+        assert_eq!(got.split_whitespace().collect::<Vec<_>>(), expected.split_whitespace().collect::<Vec<_>>());
+    };
+    read_fifth();
+    rig.sh(Host::Storage, &stop).expect("stop sluiced --user");
+    rig.start_sluiced("127.0.0.1", &as_user).expect("restart sluiced --user");
+    read_fifth();
+    ctl("dataset rm fifth").expect("rm fifth");
+    assert_eq!(attached(&rig), [1, 3], "namespace 2 detached again");
     rig.sh(Host::Storage, &format!("kill $(cat {scratch}/sluiced.pid)")).expect("stop sluiced");
 }
