@@ -267,7 +267,7 @@ impl NodeConfig {
                 if password.is_empty() {
                     return Err(format!("etcd_password_file {} is empty", file.display()));
                 }
-                Some((user.clone(), sluice_rdma::codec::Secret::new(password)))
+                Some((user.clone(), sluice_proto::codec::Secret::new(password)))
             }
             (None, None) => None,
             _ => return Err("etcd_user and etcd_password_file go together: set both or neither".into()),

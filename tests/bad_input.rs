@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{random_file, sealed_dataset, NodeProcess};
 use sluice_client::blocking::{Client, Dataset};
 use sluice_client::{RangeStatus, ReadRange};
-use sluice_rdma::codec::{self, ControlMessage, ErrorCode};
-use sluice_rdma::wire::{self, le, FrameHeader, FrameKind, RangeDescriptor};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode};
+use sluice_proto::wire::{self, le, FrameHeader, FrameKind, RangeDescriptor};
 use zerocopy::IntoBytes;
 
 fn node_with_dataset(dir: &std::path::Path, len: usize) -> (NodeProcess, Vec<u8>) {

@@ -104,7 +104,7 @@ impl EtcdServer {
         EtcdAccess {
             ca: Some(self.ca.clone()),
             identity: Some(self.client_cert(node)),
-            user: Some((node.to_string(), sluice_rdma::codec::Secret::new(secret))),
+            user: Some((node.to_string(), sluice_proto::codec::Secret::new(secret))),
         }
     }
 
@@ -113,7 +113,7 @@ impl EtcdServer {
         let access = EtcdAccess {
             ca: Some(self.ca.clone()),
             identity: Some(self.client_cert("root")),
-            user: Some(("root".into(), sluice_rdma::codec::Secret::new(ROOT_PASSWORD.into()))),
+            user: Some(("root".into(), sluice_proto::codec::Secret::new(ROOT_PASSWORD.into()))),
         };
         Etcd::connect(&self.endpoint, &access).expect("etcd as root")
     }

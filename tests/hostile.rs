@@ -16,8 +16,8 @@ use common::{eventually, random_file, sealed_dataset, NodeProcess};
 use rand::{Rng, SeedableRng};
 use sluice_client::blocking::Client;
 use sluice_client::{RangeStatus, ReadRange};
-use sluice_rdma::codec::{self, ControlMessage};
-use sluice_rdma::wire::{self, le, FrameKind, RangeDescriptor};
+use sluice_proto::codec::{self, ControlMessage};
+use sluice_proto::wire::{self, le, FrameKind, RangeDescriptor};
 use zerocopy::IntoBytes;
 
 const IDLE_CONNECTIONS: usize = 1000;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use common::{eventually, random_file, sealed_dataset, NodeProcess};
 use sluice_client::blocking::Client;
 use sluice_client::{RangeStatus, ReadRange};
-use sluice_rdma::codec::{self, ControlMessage};
-use sluice_rdma::wire::{self, le, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
+use sluice_proto::codec::{self, ControlMessage};
+use sluice_proto::wire::{self, le, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 use zerocopy::{FromBytes, IntoBytes};
 
 fn control_frame(message: &ControlMessage) -> Vec<u8> {

@@ -9,8 +9,8 @@ use rand::{Rng, SeedableRng};
 use sluice_client::sampler::IndexSampler;
 use sluice_dataplane::plan::{plan_batch, PlanGeometry};
 use sluice_dataplane::ByteRange;
-use sluice_rdma::wire::{encode_batch_request, parse_batch_request};
-use sluice_rdma::RangeDescriptor;
+use sluice_proto::wire::{encode_batch_request, parse_batch_request};
+use sluice_proto::RangeDescriptor;
 use zerocopy::little_endian::{U32, U64};
 
 const BATCH: usize = 64;

@@ -86,7 +86,7 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    pub fn info(&self) -> &sluice_rdma::OpenInfo {
+    pub fn info(&self) -> &sluice_proto::OpenInfo {
         self.inner.info()
     }
 

@@ -23,20 +23,20 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use http::ControlHttp;
-use sluice_dataplane::plan::footprint_bound_bytes;
+use sluice_proto::geometry::{footprint_bound_bytes, whole_chunks_within};
+use sluice_proto::wire::RangeDescriptor;
+pub use sluice_proto::NodeInfo;
+use sluice_proto::OpenInfo;
 use sluice_rdma::tcp::TransportError;
 pub use sluice_rdma::tls::ClientTlsFiles;
-use sluice_rdma::wire::RangeDescriptor;
-pub use sluice_rdma::NodeInfo;
-use sluice_rdma::OpenInfo;
 use zerocopy_le::{U32, U64};
 
-pub use sluice_dataplane::{RangeStatus, CHUNK_SIZE_BYTES};
+pub use sluice_proto::{RangeStatus, CHUNK_SIZE_BYTES};
 use transport::{Landing, Transport};
 pub use transport::{ReadBuffer, TransportChoice, SOURCE_ADDR_ENV, TRANSPORT_ENV};
 
 mod zerocopy_le {
-    pub use sluice_rdma::wire::le::{U32, U64};
+    pub use sluice_proto::wire::le::{U32, U64};
 }
 
 /// Ranges longer than this travel as several pieces, so any range fits a
@@ -513,21 +513,13 @@ fn verify_chunks(crcs: &[u32], length_bytes: u64, ranges: &[ReadRange], buf: &[u
         if statuses[index] != RangeStatus::Ok {
             continue;
         }
-        let end = range.offset + u64::from(range.len);
-        let mut chunk = range.offset.div_ceil(CHUNK_SIZE_BYTES);
-        loop {
-            let start = chunk * CHUNK_SIZE_BYTES;
-            let chunk_end = (start + CHUNK_SIZE_BYTES).min(length_bytes);
-            if start >= chunk_end || chunk_end > end {
-                break;
-            }
+        for (chunk, start, chunk_end) in whole_chunks_within(range.offset, u64::from(range.len), length_bytes) {
             let at = (range.dest + start - range.offset) as usize;
             let bytes = &buf[at..at + (chunk_end - start) as usize];
             if crcs.get(chunk as usize) != Some(&crc32c::crc32c(bytes)) {
                 statuses[index] = RangeStatus::ChecksumMismatch;
                 break;
             }
-            chunk += 1;
         }
     }
 }

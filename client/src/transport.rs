@@ -9,11 +9,11 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 
+use sluice_proto::{NodeInfo, OpenInfo};
 #[cfg(feature = "rdma")]
 use sluice_rdma::rc::{RdmaClient, RegisteredBuffer};
 use sluice_rdma::tcp::{NodeLimits, TcpClient, TlsConnect, TransportError};
 use sluice_rdma::tls::ClientTlsFiles;
-use sluice_rdma::{NodeInfo, OpenInfo};
 
 use crate::ClientError;
 

@@ -226,7 +226,7 @@ pub(crate) fn new_record(
         state: DatasetState::Creating,
         length_bytes: 0,
         files_ingested: 0,
-        chunk_size_bytes: sluice_dataplane::CHUNK_SIZE_BYTES,
+        chunk_size_bytes: sluice_proto::CHUNK_SIZE_BYTES,
         content_hash: None,
         namespace,
         created_unix_ms: now_unix_ms,

@@ -14,7 +14,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sluice_dataplane::blocks::{self, VERIFY_BLOCK_BYTES};
-use sluice_dataplane::{Namespace, CHUNK_SIZE_BYTES};
+use sluice_dataplane::Namespace;
+use sluice_proto::CHUNK_SIZE_BYTES;
 
 /// Bytes read per step when block checksums are made from the data.
 const REBUILD_READ_BYTES: usize = 4 << 20;

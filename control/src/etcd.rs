@@ -69,7 +69,7 @@ pub struct EtcdAccess {
     /// Client certificate and key (PEM), for etcd's `--client-cert-auth`.
     pub identity: Option<(PathBuf, PathBuf)>,
     /// etcd user and password, where etcd has authentication enabled.
-    pub user: Option<(String, sluice_rdma::codec::Secret)>,
+    pub user: Option<(String, sluice_proto::codec::Secret)>,
 }
 
 impl std::fmt::Debug for EtcdAccess {
@@ -87,7 +87,7 @@ impl std::fmt::Debug for EtcdAccess {
 pub struct Etcd {
     endpoint: String,
     agent: ureq::Agent,
-    user: Option<Arc<(String, sluice_rdma::codec::Secret)>>,
+    user: Option<Arc<(String, sluice_proto::codec::Secret)>>,
     /// The token of the current sign-in, shared by every clone.
     token: Arc<Mutex<Option<String>>>,
 }

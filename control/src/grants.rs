@@ -46,7 +46,7 @@ pub struct GrantView {
     /// (never shown by `Debug`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
-    pub token: Option<sluice_rdma::codec::Secret>,
+    pub token: Option<sluice_proto::codec::Secret>,
 }
 
 impl From<&GrantRecord> for GrantView {

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use sluice_dataplane::{Namespace, CHUNK_SIZE_BYTES};
+use sluice_dataplane::Namespace;
+use sluice_proto::CHUNK_SIZE_BYTES;
 
 use crate::kind::DatasetKind;
 use crate::npy::{self, NpyError};

@@ -29,4 +29,4 @@ pub use node::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
     PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };
-pub use sluice_rdma::NodeInfo;
+pub use sluice_proto::NodeInfo;

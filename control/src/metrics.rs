@@ -5,7 +5,8 @@
 
 use std::fmt::Write as _;
 
-use sluice_rdma::metrics::{DatasetCounters, Lane};
+use sluice_proto::Lane;
+use sluice_rdma::metrics::DatasetCounters;
 
 /// One dataset's counters, by name.
 pub struct DatasetSample<'a> {

@@ -8,7 +8,7 @@
 //! the catalog's chunks by folding (`crc32c_combine`), which needs no read
 //! of the data, whenever a node loads them.
 
-use crate::dataset::CHUNK_SIZE_BYTES;
+use sluice_proto::CHUNK_SIZE_BYTES;
 
 /// Verification granularity: one CRC32C per this many dataset bytes (the
 /// last block may be short). Every read covers whole blocks.

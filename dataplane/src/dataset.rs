@@ -5,48 +5,11 @@ use std::sync::Arc;
 
 use crate::driver::Namespace;
 
-/// Checksum granularity of every sealed dataset (CRC32C per chunk).
-///
-/// 64 KiB keeps the manifest at 64 KiB per GiB of data while a large read
-/// still covers whole chunks and so can be verified on the way out.
-pub const CHUNK_SIZE_BYTES: u64 = 64 * 1024;
-
 /// A byte range of a dataset, as a client asks for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ByteRange {
     pub offset_bytes: u64,
     pub len_bytes: u32,
-}
-
-/// The outcome of one range of a batch. A bad range fails that range only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum RangeStatus {
-    Ok = 0,
-    OutOfBounds = 1,
-    IoError = 2,
-    ChecksumMismatch = 3,
-}
-
-impl RangeStatus {
-    pub fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(Self::Ok),
-            1 => Some(Self::OutOfBounds),
-            2 => Some(Self::IoError),
-            3 => Some(Self::ChecksumMismatch),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::OutOfBounds => "out of bounds",
-            Self::IoError => "I/O error",
-            Self::ChecksumMismatch => "checksum mismatch",
-        }
-    }
 }
 
 /// A sealed dataset as the data plane serves it: immutable, shared by cores.

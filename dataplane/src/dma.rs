@@ -17,7 +17,7 @@ use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
 
 /// Alignment every slot and every I/O inside a slot respects; O_DIRECT and
 /// NVMe PRPs both accept it.
-pub const IO_ALIGN_BYTES: usize = 4096;
+pub use sluice_proto::geometry::IO_ALIGN_BYTES;
 const HUGEPAGE_BYTES: usize = 2 * 1024 * 1024;
 
 /// Page-aligned memory that devices read into. Never behind a Rust reference

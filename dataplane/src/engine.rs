@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::blocks::VERIFY_BLOCK_BYTES;
-use crate::dataset::{ByteRange, DatasetView, RangeStatus};
+use crate::dataset::{ByteRange, DatasetView};
 use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
 use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
@@ -27,6 +27,7 @@ use crate::probe::{
 use crate::steer::{
     Flow, FlowLease, FlowTable, LaneDecisions, DECISION_BULK, DECISION_LATENCY, DECISION_NONE, FLOWS_MAX,
 };
+use sluice_proto::RangeStatus;
 
 /// Most datasets attached to one node at once.
 pub const DATASET_SLOTS_MAX: u32 = 4096;
@@ -125,10 +126,14 @@ pub struct BatchResult {
 }
 
 impl BatchResult {
-    /// Whether the batch was served in the latency lane (by the policy's
-    /// decision or the size threshold), for the transports' counters.
-    pub fn in_latency_lane(&self) -> bool {
-        self.lane == LANE_LATENCY
+    /// The lane the batch was served in (by the policy's decision or the
+    /// size threshold), for the transports' counters.
+    pub fn lane(&self) -> sluice_proto::Lane {
+        if self.lane == LANE_LATENCY {
+            sluice_proto::Lane::Latency
+        } else {
+            sluice_proto::Lane::Bulk
+        }
     }
 
     pub fn statuses(&self) -> &[RangeStatus] {
@@ -1002,9 +1007,9 @@ fn verify_blocks(batch: &ActiveBatch) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::CHUNK_SIZE_BYTES;
     use crate::driver::{IoMode, MemDriver, NamespaceSpec, UringDriver};
     use rand::{Rng, SeedableRng};
+    use sluice_proto::CHUNK_SIZE_BYTES;
 
     fn small_config() -> DataPlaneConfig {
         DataPlaneConfig { cores: 2, slots_per_core: 64, queue_depth: 32, ..DataPlaneConfig::default() }

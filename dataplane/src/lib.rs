@@ -16,7 +16,7 @@ pub mod probe;
 pub mod steer;
 
 pub use blocks::VERIFY_BLOCK_BYTES;
-pub use dataset::{ByteRange, DatasetView, RangeStatus, CHUNK_SIZE_BYTES};
+pub use dataset::{ByteRange, DatasetView};
 pub use dma::{Arena, SlotLease};
 pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,

@@ -5,8 +5,9 @@
 //! Pure and allocation-bounded by the batch size, so it is tested
 //! exhaustively with proptest without any device.
 
-use crate::dataset::{ByteRange, RangeStatus};
+use crate::dataset::ByteRange;
 use crate::dma::IO_ALIGN_BYTES;
+use sluice_proto::RangeStatus;
 
 /// The geometry a plan is made for.
 #[derive(Clone, Copy, Debug)]
@@ -62,21 +63,6 @@ impl BatchPlan {
         let (first, count) = self.range_pieces[range_index];
         &self.pieces[first as usize..(first + count) as usize]
     }
-}
-
-/// Upper bound on the DMA bytes one range of `len_bytes` can take, at any
-/// offset, for block sizes ≤ 4096: clients split batches with it so that
-/// a batch always fits a core's pool.
-pub fn footprint_bound_bytes(len_bytes: u32) -> u64 {
-    u64::from(len_bytes).next_multiple_of(IO_ALIGN_BYTES as u64) + 2 * IO_ALIGN_BYTES as u64
-}
-
-/// Whether a batch of ranges of these lengths keeps the limits a node
-/// announces: at most `ranges_max` ranges, and their footprint bounds
-/// within `footprint_max_bytes` of DMA. Every transport checks this
-/// before a batch reaches a core.
-pub fn batch_fits(lens: impl ExactSizeIterator<Item = u32>, ranges_max: u32, footprint_max_bytes: u64) -> bool {
-    lens.len() <= ranges_max as usize && lens.map(footprint_bound_bytes).sum::<u64>() <= footprint_max_bytes
 }
 
 /// Plans `ranges` against `geometry`.
@@ -309,7 +295,7 @@ mod tests {
         ) {
             let length = 1u64 << 40;
             let ranges: Vec<ByteRange> = raw.iter().map(|&(o, l)| range(o % (length - (4 << 20)), l)).collect();
-            let budget: u64 = ranges.iter().map(|r| footprint_bound_bytes(r.len_bytes)).sum();
+            let budget: u64 = ranges.iter().map(|r| sluice_proto::geometry::footprint_bound_bytes(r.len_bytes)).sum();
             let plan = plan_batch(&ranges, geometry(length, 4096));
             let slot = 128 * 1024u64;
             prop_assert!(u64::from(plan.slots_needed) * slot <= 2 * budget + slot);

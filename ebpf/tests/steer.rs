@@ -239,7 +239,7 @@ fn uring_tracepoints_count_the_node_io_exactly() {
             let ranges =
                 (0..4).map(|i| ByteRange { offset_bytes: (batch * 4 + i) * 65_536, len_bytes: 4096 }).collect();
             let result = plane.read(slot, ranges).await.expect("batch");
-            assert!(result.statuses().iter().all(|s| *s == sluice_dataplane::RangeStatus::Ok));
+            assert!(result.statuses().iter().all(|s| *s == sluice_proto::RangeStatus::Ok));
         }
     });
     plane.shutdown();

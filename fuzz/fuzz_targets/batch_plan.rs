@@ -4,7 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use sluice_dataplane::plan::{plan_batch, PlanGeometry};
-use sluice_dataplane::{ByteRange, RangeStatus};
+use sluice_dataplane::ByteRange;
+use sluice_proto::RangeStatus;
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 10 {

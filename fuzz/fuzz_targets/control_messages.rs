@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_rdma::codec;
+use sluice_proto::codec;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(message) = codec::decode(data) {

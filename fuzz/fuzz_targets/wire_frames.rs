@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_rdma::wire;
+use sluice_proto::wire;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(head) = data.get(..wire::FrameHeader::SIZE) {

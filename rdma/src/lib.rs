@@ -3,7 +3,6 @@
 //! default where no RDMA NIC exists). RDMA verbs join behind the same batch
 //! semantics.
 
-pub mod codec;
 pub mod metrics;
 #[cfg(feature = "rdma")]
 pub mod rc;
@@ -11,7 +10,3 @@ pub mod tcp;
 pub mod tls;
 #[cfg(feature = "rdma")]
 pub mod verbs;
-pub mod wire;
-
-pub use codec::{ControlMessage, ErrorCode, NodeInfo, OpenInfo};
-pub use wire::{BatchStatus, RangeDescriptor};

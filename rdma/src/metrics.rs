@@ -5,10 +5,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_dataplane::{BatchResult, RangeStatus, SubmitError};
+use sluice_dataplane::{BatchResult, SubmitError};
+use sluice_proto::{Lane, RangeStatus};
 use tokio::sync::oneshot;
 
-use crate::wire::BatchStatus;
+use sluice_proto::wire::BatchStatus;
 
 /// Waits for the data plane's answer to a batch submitted at `submitted`,
 /// counts it in `counters`, and gives what the transport sends back: the
@@ -28,7 +29,7 @@ pub(crate) async fn settle(
         Ok(batch) => {
             let ok = batch.statuses().iter().filter(|s| **s == RangeStatus::Ok).count() as u64;
             let failed = batch.statuses().len() as u64 - ok;
-            counters.record_batch(Lane::of(batch), ok, failed, batch.payload_bytes(), submitted.elapsed());
+            counters.record_batch(batch.lane(), ok, failed, batch.payload_bytes(), submitted.elapsed());
         }
         Err(_) => counters.record_failed_batch(),
     }
@@ -37,31 +38,6 @@ pub(crate) async fn settle(
 
 /// Latency histogram buckets: upper bounds 2^0 .. 2^(N-1) µs (~9 minutes).
 pub const LATENCY_BUCKETS: usize = 30;
-
-/// The two admission lanes of the data plane.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
-    Latency = 0,
-    Bulk = 1,
-}
-
-impl Lane {
-    /// The lane the data plane served a batch in.
-    pub fn of(batch: &sluice_dataplane::BatchResult) -> Self {
-        if batch.in_latency_lane() {
-            Self::Latency
-        } else {
-            Self::Bulk
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Latency => "latency",
-            Self::Bulk => "bulk",
-        }
-    }
-}
 
 /// Batch latency, log2 buckets of microseconds.
 #[derive(Debug)]

@@ -911,7 +911,7 @@ fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
     } else {
         println!("{name}: {} chunks, {} bytes, {} bad", report.chunks, report.bytes, report.bad_chunks.len());
         for (chunk, status) in &report.bad_chunks {
-            println!("  chunk {chunk} (bytes {}..): {status}", chunk * sluice_dataplane::CHUNK_SIZE_BYTES);
+            println!("  chunk {chunk} (bytes {}..): {status}", chunk * sluice_proto::CHUNK_SIZE_BYTES);
         }
     }
     if !report.bad_chunks.is_empty() {

@@ -9,10 +9,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sluice_dataplane::driver::DriverKind;
-use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec, CHUNK_SIZE_BYTES};
+use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec};
+use sluice_proto::CHUNK_SIZE_BYTES;
+use sluice_proto::{ErrorCode, NodeInfo, OpenInfo};
 use sluice_rdma::metrics::DatasetCounters;
 use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
-use sluice_rdma::{ErrorCode, NodeInfo, OpenInfo};
 
 use crate::auth::AccessPolicy;
 use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
@@ -1425,7 +1426,7 @@ impl ControlPlane {
         })?;
         tracing::info!(grant = grant.id, client, dataset, "grant issued");
         let mut view = GrantView::from(&grant);
-        view.token = Some(sluice_rdma::codec::Secret::new(token));
+        view.token = Some(sluice_proto::codec::Secret::new(token));
         if let Ok(mut map) = self.grants.write() {
             map.insert(grant.token_hash.clone(), grant);
         }
@@ -1628,7 +1629,7 @@ impl ControlPlane {
                 .collect();
             let result = self.plane.read(slot, ranges).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
             for (i, status) in result.statuses().iter().enumerate() {
-                if *status != sluice_dataplane::RangeStatus::Ok {
+                if *status != sluice_proto::RangeStatus::Ok {
                     bad_chunks.push((first + i as u64, status.name().to_string()));
                 }
             }

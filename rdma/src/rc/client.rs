@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_dataplane::RangeStatus;
+use sluice_proto::RangeStatus;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use zerocopy::FromBytes;
@@ -17,14 +17,14 @@ use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
 use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
-use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::tcp::{control_frame, open_request, opened, NodeLimits, TransportError};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, MessageSlots, ProtectionDomain, QueueCaps,
     QueuePair, SendOp, SendWr, VerbsError,
 };
-use crate::wire::le::{U32, U64};
-use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameKind, RangeDescriptor, RdmaBatchRequestHeader};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use sluice_proto::wire::le::{U32, U64};
+use sluice_proto::wire::{self, BatchResponseHeader, BatchStatus, FrameKind, RangeDescriptor, RdmaBatchRequestHeader};
 
 /// How long connection setup may take once the route is known.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);

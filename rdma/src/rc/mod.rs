@@ -17,7 +17,7 @@ mod server;
 pub use client::{InFlightBuffer, RdmaClient, RegisteredBuffer};
 pub use server::{ListenError, RdmaListener};
 
-use crate::wire::{FrameHeader, CONTROL_PAYLOAD_MAX_BYTES, RDMA_REQUEST_PAYLOAD_MAX_BYTES};
+use sluice_proto::wire::{FrameHeader, CONTROL_PAYLOAD_MAX_BYTES, RDMA_REQUEST_PAYLOAD_MAX_BYTES};
 
 /// Batches in flight per RDMA connection, whatever the TCP credits are:
 /// each holds a receive and a send slot on both sides.
@@ -44,7 +44,8 @@ const fn slot_bytes(len: usize) -> usize {
     len.next_multiple_of(4096)
 }
 
-const _: () = assert!(RESPONSE_SLOT_BYTES >= FrameHeader::SIZE + crate::wire::RDMA_RESPONSE_PAYLOAD_MAX_BYTES as usize);
+const _: () =
+    assert!(RESPONSE_SLOT_BYTES >= FrameHeader::SIZE + sluice_proto::wire::RDMA_RESPONSE_PAYLOAD_MAX_BYTES as usize);
 const _: () = assert!(REQUEST_SLOT_BYTES >= FrameHeader::SIZE + CONTROL_PAYLOAD_MAX_BYTES as usize);
 
 /// Registers a verbs object's fd with tokio's reactor, for readiness.
@@ -63,12 +64,12 @@ fn readiness<T: std::os::fd::AsRawFd>(
 fn parse_message(
     bytes: &[u8],
     response_side: bool,
-) -> Result<(crate::wire::FrameKind, &[u8]), crate::wire::FrameError> {
+) -> Result<(sluice_proto::wire::FrameKind, &[u8]), sluice_proto::wire::FrameError> {
     let head: &[u8; FrameHeader::SIZE] =
-        bytes.get(..FrameHeader::SIZE).and_then(|h| h.try_into().ok()).ok_or(crate::wire::FrameError::Short)?;
-    let (kind, len) = crate::wire::parse_frame_header(head, response_side)?;
+        bytes.get(..FrameHeader::SIZE).and_then(|h| h.try_into().ok()).ok_or(sluice_proto::wire::FrameError::Short)?;
+    let (kind, len) = sluice_proto::wire::parse_frame_header(head, response_side)?;
     let payload =
-        bytes.get(FrameHeader::SIZE..FrameHeader::SIZE + len as usize).ok_or(crate::wire::FrameError::Short)?;
+        bytes.get(FrameHeader::SIZE..FrameHeader::SIZE + len as usize).ok_or(sluice_proto::wire::FrameError::Short)?;
     Ok((kind, payload))
 }
 
@@ -79,7 +80,7 @@ mod tests {
     /// A received message must hold the whole frame its header announces.
     #[test]
     fn messages_shorter_than_their_frame_are_refused() {
-        let frame = crate::tcp::control_frame(&crate::ControlMessage::Close { handle: 1 });
+        let frame = crate::tcp::control_frame(&sluice_proto::ControlMessage::Close { handle: 1 });
         assert!(parse_message(&frame, true).is_ok());
         assert!(parse_message(&frame[..frame.len() - 1], true).is_err());
         assert!(parse_message(&frame[..8], true).is_err());

@@ -9,21 +9,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, RangeStatus, ReadBatch};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch};
+use sluice_proto::RangeStatus;
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
 use super::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
-use crate::codec::{self, ControlMessage, ErrorCode};
 use crate::metrics::{settle, DatasetCounters};
 use crate::tcp::{control_frame, DatasetResolver, Opened, ServerConfig};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
     ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion,
 };
-use crate::wire::{self, BatchStatus, FrameKind};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode};
+use sluice_proto::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
@@ -543,7 +544,7 @@ impl<R: DatasetResolver> Session<R> {
                 // The limits announced at Hello hold: a batch over them
                 // costs the core nothing.
                 let lens = ranges.iter().map(|r| r.len_bytes);
-                let too_large = !sluice_dataplane::plan::batch_fits(
+                let too_large = !sluice_proto::geometry::batch_fits(
                     lens,
                     self.ranges_per_batch_max(),
                     self.config.batch_footprint_max_bytes,
@@ -609,7 +610,11 @@ impl<R: DatasetResolver> Session<R> {
                         message: format!("more than {HANDLES_PER_CONNECTION_MAX} datasets open"),
                     }
                 } else {
-                    match self.resolver.open(name.clone(), token.map(crate::codec::Secret::into_inner), None).await {
+                    match self
+                        .resolver
+                        .open(name.clone(), token.map(sluice_proto::codec::Secret::into_inner), None)
+                        .await
+                    {
                         Ok(Opened { slot, info, grant, counters }) => {
                             let handle = self.next_handle;
                             self.next_handle = self.next_handle.wrapping_add(1).max(1);

@@ -6,15 +6,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_dataplane::RangeStatus;
+use sluice_proto::RangeStatus;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
 use super::{control_frame, open_request, opened, read_frame_header, write_all_flushed};
-use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
-use crate::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use sluice_proto::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 
 /// The buffer a batch's bytes land in. Shared by the sub-batches of one
 /// caller batch; only the connection's reader task writes it.

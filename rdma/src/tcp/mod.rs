@@ -46,8 +46,8 @@ async fn write_all_flushed<W: AsyncWrite + Unpin>(writer: &mut W, frame: &[u8]) 
 /// cleanly between frames.
 async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut R,
-) -> io::Result<Option<[u8; crate::wire::FrameHeader::SIZE]>> {
-    let mut header = [0u8; crate::wire::FrameHeader::SIZE];
+) -> io::Result<Option<[u8; sluice_proto::wire::FrameHeader::SIZE]>> {
+    let mut header = [0u8; sluice_proto::wire::FrameHeader::SIZE];
     match tokio::io::AsyncReadExt::read_exact(reader, &mut header).await {
         Ok(_) => Ok(Some(header)),
         Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
@@ -56,25 +56,28 @@ async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
 }
 
 /// The request that opens dataset `name` (with a grant's token).
-pub(crate) fn open_request(name: &str, token: Option<String>) -> crate::ControlMessage {
-    crate::ControlMessage::Open { name: name.to_string(), token: token.map(crate::codec::Secret::new) }
+pub(crate) fn open_request(name: &str, token: Option<String>) -> sluice_proto::ControlMessage {
+    sluice_proto::ControlMessage::Open { name: name.to_string(), token: token.map(sluice_proto::codec::Secret::new) }
 }
 
 /// The handle and dataset facts from the node's answer to an open.
-pub(crate) fn opened(reply: crate::ControlMessage) -> Result<(u32, crate::codec::OpenInfo), TransportError> {
+pub(crate) fn opened(
+    reply: sluice_proto::ControlMessage,
+) -> Result<(u32, sluice_proto::codec::OpenInfo), TransportError> {
     match reply {
-        crate::ControlMessage::Opened { handle, info } => Ok((handle, info)),
+        sluice_proto::ControlMessage::Opened { handle, info } => Ok((handle, info)),
         other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
     }
 }
 
 /// Encodes a control message as a whole frame.
-pub(crate) fn control_frame(message: &crate::ControlMessage) -> Vec<u8> {
+pub(crate) fn control_frame(message: &sluice_proto::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;
-    let payload = crate::codec::encode(message).unwrap_or_default();
-    let mut frame = Vec::with_capacity(crate::wire::FrameHeader::SIZE + payload.len());
-    frame
-        .extend_from_slice(crate::wire::frame_header(crate::wire::FrameKind::Control, payload.len() as u32).as_bytes());
+    let payload = sluice_proto::codec::encode(message).unwrap_or_default();
+    let mut frame = Vec::with_capacity(sluice_proto::wire::FrameHeader::SIZE + payload.len());
+    frame.extend_from_slice(
+        sluice_proto::wire::frame_header(sluice_proto::wire::FrameKind::Control, payload.len() as u32).as_bytes(),
+    );
     frame.extend_from_slice(&payload);
     frame
 }

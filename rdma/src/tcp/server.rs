@@ -9,17 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::plan::batch_fits;
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease, ReadBatch, SubmitError};
+use sluice_proto::geometry::batch_fits;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::{control_frame, read_frame_header, write_all_flushed, write_all_vectored};
-use crate::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use crate::metrics::{settle, DatasetCounters};
-use crate::wire::{self, BatchStatus, FrameKind};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
+use sluice_proto::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
@@ -418,7 +418,11 @@ impl<R: DatasetResolver> Connection<R> {
                             } else {
                                 match self
                                     .resolver
-                                    .open(name.clone(), token.map(crate::codec::Secret::into_inner), peer_name.clone())
+                                    .open(
+                                        name.clone(),
+                                        token.map(sluice_proto::codec::Secret::into_inner),
+                                        peer_name.clone(),
+                                    )
                                     .await
                                 {
                                     Ok(Opened { slot, info, grant, counters }) => {
@@ -557,7 +561,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                     if let Some(counters) = counters {
                         counters.record_failed_batch();
                     }
-                    let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
+                    let statuses = vec![sluice_proto::RangeStatus::IoError as u8; range_count as usize];
                     wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
                     let result = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await;
                     drop(permit);
@@ -584,7 +588,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                         tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await
                     }
                     Err(status) => {
-                        let statuses = vec![sluice_dataplane::RangeStatus::IoError as u8; range_count as usize];
+                        let statuses = vec![sluice_proto::RangeStatus::IoError as u8; range_count as usize];
                         wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
                         tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await
                     }

@@ -22,30 +22,6 @@ pub enum ErrorCode {
     Busy,
 }
 
-/// What a node's control API (`GET /v1/node`) says about the node; clients
-/// read the data-plane address from it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    pub name: String,
-    pub version: String,
-    /// `host:port` of the data plane (TCP transport).
-    pub data_addr: String,
-    pub control_addr: String,
-    pub driver: String,
-    #[serde(default)]
-    pub data_dir: String,
-    /// Opens need a grant's token (false on a node started `--insecure`).
-    #[serde(default)]
-    pub grants_required: bool,
-    /// `ip:port` of the RDMA transport (rdma_cm), when the node serves one.
-    #[serde(default)]
-    pub rdma_addr: Option<String>,
-    /// The TCP data port speaks TLS: clients connect with the same trust
-    /// (CA file, client certificate) they reach the control API with.
-    #[serde(default)]
-    pub data_tls: bool,
-}
-
 /// What a client learns when it opens a dataset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenInfo {
