@@ -50,6 +50,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 
+echo "== layout (the crates' dependency rules)"
+bash scripts/check-layout.sh
+
 echo "== tests"
 # The cluster tests fail rather than skip when etcd is missing here.
 SLUICE_ETCD_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast

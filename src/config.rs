@@ -239,9 +239,9 @@ impl Default for NodeConfig {
 
 impl NodeConfig {
     /// The control API's TLS files, when it serves HTTPS.
-    pub fn control_tls(&self) -> Result<Option<sluice_rdma::tls::ServerTlsFiles>, String> {
+    pub fn control_tls(&self) -> Result<Option<sluice_transport::tls::ServerTlsFiles>, String> {
         match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(Some(sluice_rdma::tls::ServerTlsFiles {
+            (Some(cert), Some(key)) => Ok(Some(sluice_transport::tls::ServerTlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: self.tls_client_ca.clone(),

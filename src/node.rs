@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sluice_control::{api, CatalogChoice, ControlPlane, Resolver};
 use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
 use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
-use sluice_rdma::tcp::{serve, ServerConfig};
+use sluice_serve::tcp::{serve, ServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::config::{DriverChoice, IoModeChoice, NodeConfig};
 
 #[cfg(feature = "rdma")]
-type RdmaListener = sluice_rdma::rc::RdmaListener;
+type RdmaListener = sluice_serve::rc::RdmaListener;
 #[cfg(not(feature = "rdma"))]
 type RdmaListener = std::convert::Infallible;
 
@@ -143,7 +143,9 @@ impl Node {
         }
         let control_tls_files = config.control_tls().map_err(NodeError::Tls)?;
         let tls = match &control_tls_files {
-            Some(files) => Some(sluice_rdma::tls::server_config(files).map_err(|e| NodeError::Tls(e.to_string()))?),
+            Some(files) => {
+                Some(sluice_transport::tls::server_config(files).map_err(|e| NodeError::Tls(e.to_string()))?)
+            }
             None => None,
         };
         let data_dir_error = |source| NodeError::DataDir { path: config.data_dir.display().to_string(), source };

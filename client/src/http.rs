@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_rdma::tls::{self, ClientTlsFiles};
+use sluice_transport::tls::{self, ClientTlsFiles};
 
 /// How long one control request may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);

@@ -27,8 +27,8 @@ use sluice_proto::geometry::{footprint_bound_bytes, whole_chunks_within};
 use sluice_proto::wire::RangeDescriptor;
 pub use sluice_proto::NodeInfo;
 use sluice_proto::OpenInfo;
-use sluice_rdma::tcp::TransportError;
-pub use sluice_rdma::tls::ClientTlsFiles;
+use sluice_transport::tcp::TransportError;
+pub use sluice_transport::tls::ClientTlsFiles;
 use zerocopy_le::{U32, U64};
 
 pub use sluice_proto::{RangeStatus, CHUNK_SIZE_BYTES};
@@ -440,7 +440,7 @@ impl Dataset {
             }
             #[cfg(feature = "rdma")]
             Transport::Rdma(rdma) => {
-                use sluice_rdma::rc::RegisteredBuffer;
+                use sluice_transport::rc::RegisteredBuffer;
                 let registered = match landing.take() {
                     Landing::Registered(buffer) if buffer.belongs_to(rdma) => buffer,
                     other => match RegisteredBuffer::new(rdma, other.into_vec()) {
@@ -470,7 +470,10 @@ impl Dataset {
 
 /// Cuts ranges into wire batches within the node's limits, ranges longer
 /// than a piece into several pieces: `(original range index, descriptor)`.
-fn split_batches(ranges: &[ReadRange], limits: sluice_rdma::tcp::NodeLimits) -> Vec<Vec<(usize, RangeDescriptor)>> {
+fn split_batches(
+    ranges: &[ReadRange],
+    limits: sluice_transport::tcp::NodeLimits,
+) -> Vec<Vec<(usize, RangeDescriptor)>> {
     let mut batches: Vec<Vec<(usize, RangeDescriptor)>> = Vec::new();
     let mut current = Vec::new();
     let mut footprint = 0u64;

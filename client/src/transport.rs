@@ -11,9 +11,9 @@ use std::str::FromStr;
 
 use sluice_proto::{NodeInfo, OpenInfo};
 #[cfg(feature = "rdma")]
-use sluice_rdma::rc::{RdmaClient, RegisteredBuffer};
-use sluice_rdma::tcp::{NodeLimits, TcpClient, TlsConnect, TransportError};
-use sluice_rdma::tls::ClientTlsFiles;
+use sluice_transport::rc::{RdmaClient, RegisteredBuffer};
+use sluice_transport::tcp::{NodeLimits, TcpClient, TlsConnect, TransportError};
+use sluice_transport::tls::ClientTlsFiles;
 
 use crate::ClientError;
 
@@ -71,8 +71,8 @@ pub(crate) fn data_tls(node: &NodeInfo, files: &ClientTlsFiles) -> Result<TlsCon
     let failure = |message: String| crate::http::ApiFailure { status: None, code: None, message };
     let addr: std::net::SocketAddr =
         node.data_addr.parse().map_err(|_| failure(format!("data address {:?} is not host:port", node.data_addr)))?;
-    let config = sluice_rdma::tls::client_config(files).map_err(|e| failure(e.to_string()))?;
-    let server_name = sluice_rdma::tls::server_name(&addr.ip().to_string()).map_err(|e| failure(e.to_string()))?;
+    let config = sluice_transport::tls::client_config(files).map_err(|e| failure(e.to_string()))?;
+    let server_name = sluice_transport::tls::server_name(&addr.ip().to_string()).map_err(|e| failure(e.to_string()))?;
     Ok(TlsConnect { config, server_name })
 }
 
@@ -85,7 +85,7 @@ fn rdma_unavailable(node: &NodeInfo) -> Option<String> {
         return Some(format!("node {} serves no RDMA endpoint", node.name));
     };
     #[cfg(feature = "rdma")]
-    if let Err(why) = sluice_rdma::verbs::usable_device() {
+    if let Err(why) = sluice_transport::verbs::usable_device() {
         return Some(why);
     }
     None

@@ -150,8 +150,9 @@ impl Etcd {
                     message: "etcd_ca / etcd_cert are set but the endpoint is not https://".into(),
                 });
             }
-            let files = sluice_rdma::tls::ClientTlsFiles { ca: access.ca.clone(), identity: access.identity.clone() };
-            let tls = sluice_rdma::tls::client_config(&files)
+            let files =
+                sluice_transport::tls::ClientTlsFiles { ca: access.ca.clone(), identity: access.identity.clone() };
+            let tls = sluice_transport::tls::client_config(&files)
                 .map_err(|e| EtcdError::Call { endpoint: endpoint.clone(), message: e.to_string() })?;
             agent = agent.tls_config(tls);
         }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use sluice_proto::Lane;
-use sluice_rdma::metrics::DatasetCounters;
+use sluice_serve::metrics::DatasetCounters;
 
 /// One dataset's counters, by name.
 pub struct DatasetSample<'a> {

@@ -40,7 +40,7 @@ impl Connected<IncomingStream<'_, TcpListener>> for PeerIdentity {
 
 impl Connected<IncomingStream<'_, TlsListener>> for PeerIdentity {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        let cert_name = sluice_rdma::tls::peer_name(stream.io().get_ref().1.peer_certificates());
+        let cert_name = sluice_transport::tls::peer_name(stream.io().get_ref().1.peer_certificates());
         Self { remote: Some(*stream.remote_addr()), cert_name }
     }
 }

@@ -12,8 +12,8 @@ use sluice_dataplane::driver::DriverKind;
 use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec};
 use sluice_proto::CHUNK_SIZE_BYTES;
 use sluice_proto::{ErrorCode, NodeInfo, OpenInfo};
-use sluice_rdma::metrics::DatasetCounters;
-use sluice_rdma::tcp::{DatasetResolver, OpenError, Opened};
+use sluice_serve::metrics::DatasetCounters;
+use sluice_serve::tcp::{DatasetResolver, OpenError, Opened};
 
 use crate::auth::AccessPolicy;
 use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};

@@ -17,7 +17,8 @@ use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
 use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
-use crate::tcp::{control_frame, open_request, opened, NodeLimits, TransportError};
+use crate::frame::{control_frame, open_request, opened};
+use crate::tcp::{NodeLimits, TransportError};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, MessageSlots, ProtectionDomain, QueueCaps,
     QueuePair, SendOp, SendWr, VerbsError,

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use super::{control_frame, open_request, opened, read_frame_header, write_all_flushed};
+use crate::frame::{control_frame, open_request, opened, read_frame_header, write_all_flushed};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use sluice_proto::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 

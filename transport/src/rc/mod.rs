@@ -1,5 +1,6 @@
 //! The RDMA transport: the same batches as TCP over RC queue pairs set up
-//! with rdma_cm.
+//! with rdma_cm. The client is here, with what both ends share (slot
+//! sizes, timeouts, work-request tags); the node's side is `sluice_serve::rc`.
 //!
 //! A client registers its destination buffer and names it (address, length,
 //! rkey) in each batch request, which travels as a SEND. The node reads
@@ -12,10 +13,8 @@
 //! is torn down after a peer vanished.
 
 mod client;
-mod server;
 
 pub use client::{InFlightBuffer, RdmaClient, RegisteredBuffer};
-pub use server::{ListenError, RdmaListener};
 
 use sluice_proto::wire::{FrameHeader, CONTROL_PAYLOAD_MAX_BYTES, RDMA_REQUEST_PAYLOAD_MAX_BYTES};
 
@@ -23,22 +22,22 @@ use sluice_proto::wire::{FrameHeader, CONTROL_PAYLOAD_MAX_BYTES, RDMA_REQUEST_PA
 /// each holds a receive and a send slot on both sides.
 pub const RDMA_CREDITS_MAX: u32 = 16;
 /// Receives posted beyond the credits, for control messages.
-const CONTROL_MESSAGES_MAX: u32 = 4;
+pub const CONTROL_MESSAGES_MAX: u32 = 4;
 /// A message slot holding any request the node accepts.
-const REQUEST_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + RDMA_REQUEST_PAYLOAD_MAX_BYTES as usize);
+pub const REQUEST_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + RDMA_REQUEST_PAYLOAD_MAX_BYTES as usize);
 /// A message slot holding any response or control message.
-const RESPONSE_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + CONTROL_PAYLOAD_MAX_BYTES as usize);
+pub const RESPONSE_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + CONTROL_PAYLOAD_MAX_BYTES as usize);
 /// ACK timeout exponent for both sides: 4.096 µs × 2^16 ≈ 270 ms before a
 /// lost packet is sent again, seven times; a vanished peer is noticed in
 /// about two seconds, and a lost packet never stalls a connection.
-const ACK_TIMEOUT_EXPONENT: u8 = 16;
+pub const ACK_TIMEOUT_EXPONENT: u8 = 16;
 /// How long rdma_cm may take to resolve an address or route.
-const RESOLVE_TIMEOUT_MS: i32 = 5000;
+pub const RESOLVE_TIMEOUT_MS: i32 = 5000;
 /// Work-request ids: the low 32 bits are a slot, the tag says which kind.
-const WR_RECV: u64 = 1 << 32;
-const WR_SEND: u64 = 2 << 32;
-const WR_WRITE: u64 = 3 << 32;
-const WR_TAG_MASK: u64 = 0xffff_ffff << 32;
+pub const WR_RECV: u64 = 1 << 32;
+pub const WR_SEND: u64 = 2 << 32;
+pub const WR_WRITE: u64 = 3 << 32;
+pub const WR_TAG_MASK: u64 = 0xffff_ffff << 32;
 
 const fn slot_bytes(len: usize) -> usize {
     len.next_multiple_of(4096)
@@ -49,7 +48,7 @@ const _: () =
 const _: () = assert!(REQUEST_SLOT_BYTES >= FrameHeader::SIZE + CONTROL_PAYLOAD_MAX_BYTES as usize);
 
 /// Registers a verbs object's fd with tokio's reactor, for readiness.
-fn readiness<T: std::os::fd::AsRawFd>(
+pub fn readiness<T: std::os::fd::AsRawFd>(
     inner: std::sync::Arc<T>,
     op: &'static str,
 ) -> Result<tokio::io::unix::AsyncFd<std::sync::Arc<T>>, crate::verbs::VerbsError> {
@@ -61,7 +60,7 @@ fn readiness<T: std::os::fd::AsRawFd>(
 }
 
 /// Splits a received message into its frame kind and payload.
-fn parse_message(
+pub fn parse_message(
     bytes: &[u8],
     response_side: bool,
 ) -> Result<(sluice_proto::wire::FrameKind, &[u8]), sluice_proto::wire::FrameError> {
@@ -80,7 +79,7 @@ mod tests {
     /// A received message must hold the whole frame its header announces.
     #[test]
     fn messages_shorter_than_their_frame_are_refused() {
-        let frame = crate::tcp::control_frame(&sluice_proto::ControlMessage::Close { handle: 1 });
+        let frame = crate::frame::control_frame(&sluice_proto::ControlMessage::Close { handle: 1 });
         assert!(parse_message(&frame, true).is_ok());
         assert!(parse_message(&frame[..frame.len() - 1], true).is_err());
         assert!(parse_message(&frame[..8], true).is_err());

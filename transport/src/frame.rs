@@ -1,26 +1,19 @@
-//! The TCP transport: the fallback and the default where no RDMA NIC exists.
-//!
-//! Same batch semantics as RDMA: a client pipelines many batches on one
-//! connection, bounded by credits the server grants at handshake; responses
-//! come back in completion order, tagged with their batch id. The server
-//! writes each response straight from the data plane's DMA slots.
-
-mod client;
-mod server;
+//! Frames on a byte stream, as both ends of the TCP transport (and the
+//! RDMA transport's control messages) write and read them.
 
 use std::io::{self, IoSlice};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-
-pub use client::{NodeLimits, ReadSink, TcpClient, TlsConnect, TransportError};
-pub use server::{serve, DatasetResolver, OpenError, Opened, ServerConfig};
 
 /// Most iovecs handed to one `writev` (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;
 
 /// Writes every slice, however many, however short the kernel's writes,
 /// then flushes (see [`write_all_flushed`]).
-async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
         let take = slices.len().min(IOV_MAX);
@@ -37,14 +30,14 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, mut slices: &
 /// nothing; over TLS, a write the socket could not take whole leaves
 /// records buffered in the session, and only a flush sends them: without
 /// it a frame can wait for the next write, which may never come.
-async fn write_all_flushed<W: AsyncWrite + Unpin>(writer: &mut W, frame: &[u8]) -> io::Result<()> {
+pub async fn write_all_flushed<W: AsyncWrite + Unpin>(writer: &mut W, frame: &[u8]) -> io::Result<()> {
     writer.write_all(frame).await?;
     writer.flush().await
 }
 
 /// Reads the next frame header; `None` when the peer closed the stream
 /// cleanly between frames.
-async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
+pub async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut R,
 ) -> io::Result<Option<[u8; sluice_proto::wire::FrameHeader::SIZE]>> {
     let mut header = [0u8; sluice_proto::wire::FrameHeader::SIZE];
@@ -63,15 +56,15 @@ pub(crate) fn open_request(name: &str, token: Option<String>) -> sluice_proto::C
 /// The handle and dataset facts from the node's answer to an open.
 pub(crate) fn opened(
     reply: sluice_proto::ControlMessage,
-) -> Result<(u32, sluice_proto::codec::OpenInfo), TransportError> {
+) -> Result<(u32, sluice_proto::codec::OpenInfo), crate::tcp::TransportError> {
     match reply {
         sluice_proto::ControlMessage::Opened { handle, info } => Ok((handle, info)),
-        other => Err(TransportError::Protocol(format!("expected Opened, got {other:?}"))),
+        other => Err(crate::tcp::TransportError::Protocol(format!("expected Opened, got {other:?}"))),
     }
 }
 
 /// Encodes a control message as a whole frame.
-pub(crate) fn control_frame(message: &sluice_proto::ControlMessage) -> Vec<u8> {
+pub fn control_frame(message: &sluice_proto::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;
     let payload = sluice_proto::codec::encode(message).unwrap_or_default();
     let mut frame = Vec::with_capacity(sluice_proto::wire::FrameHeader::SIZE + payload.len());

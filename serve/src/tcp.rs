@@ -1,4 +1,4 @@
-//! Server side of the TCP transport: one task reads a connection's frames and
+//! The TCP transport's server: one task reads a connection's frames and
 //! hands batches to the data plane, one writes responses as they complete.
 
 use std::collections::HashMap;
@@ -16,10 +16,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use super::{control_frame, read_frame_header, write_all_flushed, write_all_vectored};
 use crate::metrics::{settle, DatasetCounters};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use sluice_proto::wire::{self, BatchStatus, FrameKind};
+use sluice_transport::frame::{control_frame, read_frame_header, write_all_flushed, write_all_vectored};
 
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
@@ -288,7 +288,7 @@ impl<R: DatasetResolver> Connection<R> {
         let within = self.config.handshake_timeout.min(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
         match tokio::time::timeout(within, handshake).await {
             Ok(Ok(stream)) => {
-                let peer_name = crate::tls::peer_name(stream.get_ref().1.peer_certificates());
+                let peer_name = sluice_transport::tls::peer_name(stream.get_ref().1.peer_certificates());
                 let (reader, writer) = tokio::io::split(stream);
                 self.serve(reader, writer, peer_name).await;
             }

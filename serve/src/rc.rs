@@ -13,18 +13,19 @@ use sluice_dataplane::{BatchResult, ByteRange, DataPlane, DatasetSlot, FlowLease
 use sluice_proto::RangeStatus;
 use tokio::sync::{oneshot, watch, Semaphore};
 
-use super::{
+use crate::metrics::{settle, DatasetCounters};
+use crate::tcp::{DatasetResolver, Opened, ServerConfig};
+use sluice_proto::codec::{self, ControlMessage, ErrorCode};
+use sluice_proto::wire::{self, BatchStatus, FrameKind};
+use sluice_transport::frame::control_frame;
+use sluice_transport::rc::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
-use super::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
-use crate::metrics::{settle, DatasetCounters};
-use crate::tcp::{control_frame, DatasetResolver, Opened, ServerConfig};
-use crate::verbs::{
+use sluice_transport::rc::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
+use sluice_transport::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
     ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion,
 };
-use sluice_proto::codec::{self, ControlMessage, ErrorCode};
-use sluice_proto::wire::{self, BatchStatus, FrameKind};
 
 /// Most datasets one connection holds open.
 const HANDLES_PER_CONNECTION_MAX: usize = 1024;
