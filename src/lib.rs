@@ -7,9 +7,7 @@ pub mod admin_helper;
 pub mod config;
 pub mod node;
 pub mod privilege;
-pub mod readbench;
 pub mod replicate;
-pub mod top;
 
 pub use config::NodeConfig;
 pub use node::Node;

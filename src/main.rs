@@ -12,11 +12,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
-use sluice::readbench::{self, BenchParams, ReadPattern};
 use sluice::{Node, NodeConfig};
 use sluice_client::{Client, RangeStatus, ReadRange};
 use sluice_control::ingest::IngestFormat;
 use sluice_control::{DatasetKind, DatasetState};
+use sluicectl::readbench::{self, BenchParams, ReadPattern};
 
 const DEMO_DATASET: &str = "quickstart-tokens";
 /// GPT-2's vocabulary size: the demo's tokens look like a real u16 stream.

@@ -220,7 +220,7 @@ fn bad_npy_ingest_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = NodeProcess::start(&dir.path().join("node"));
     node.ctl_ok(&["dataset", "create", "toks", "--kind", "tokens:u16"]);
-    let mut truncated = sluice_control::npy::encode_header("<u2", 1000);
+    let mut truncated = sluice_proto::npy::encode_header("<u2", 1000);
     truncated.extend_from_slice(&[7u8; 1500]);
     let path = dir.path().join("cut.npy");
     std::fs::write(&path, &truncated).expect("write");
@@ -229,7 +229,7 @@ fn bad_npy_ingest_is_refused_and_changes_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("truncated .npy") && stderr.contains("2000") && stderr.contains("1500"), "{stderr}");
 
-    let mut wrong = sluice_control::npy::encode_header("<f4", 10);
+    let mut wrong = sluice_proto::npy::encode_header("<f4", 10);
     wrong.extend_from_slice(&[0u8; 40]);
     let wrong_path = dir.path().join("floats.npy");
     std::fs::write(&wrong_path, &wrong).expect("write");
@@ -241,7 +241,7 @@ fn bad_npy_ingest_is_refused_and_changes_nothing() {
         serde_json::from_str(&node.ctl_ok(&["dataset", "stat", "toks", "--json"])).expect("json");
     assert_eq!((stat["length_bytes"].as_u64(), stat["state"].as_str()), (Some(0), Some("creating")));
 
-    let mut good = sluice_control::npy::encode_header("<u2", 1000);
+    let mut good = sluice_proto::npy::encode_header("<u2", 1000);
     good.extend_from_slice(&[7u8; 2000]);
     let good_path = dir.path().join("good.npy");
     std::fs::write(&good_path, &good).expect("write");

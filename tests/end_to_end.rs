@@ -109,7 +109,7 @@ fn token_files_ingest_raw_and_npy() {
     let node = NodeProcess::start(&dir.path().join("node"));
     let tokens: Vec<u8> = (0..100_000u32).flat_map(|t| t.to_le_bytes()).collect();
     std::fs::write(dir.path().join("a.bin"), &tokens).expect("write");
-    let mut npy_file = sluice_control::npy::encode_header("<u4", 100_000);
+    let mut npy_file = sluice_proto::npy::encode_header("<u4", 100_000);
     npy_file.extend_from_slice(&tokens);
     std::fs::write(dir.path().join("b.npy"), &npy_file).expect("write");
     node.ctl_ok(&["dataset", "create", "toks", "--kind", "tokens:u32"]);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use sluice::readbench::{self, BenchParams, ReadPattern};
 use sluice_client::Client;
+use sluicectl::readbench::{self, BenchParams, ReadPattern};
 
 use crate::procs::Server;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice::readbench::{self, BenchParams, ReadPattern};
 use sluice_client::Client;
+use sluicectl::readbench::{self, BenchParams, ReadPattern};
 
 use crate::procs::output;
 use crate::workload::{Measurement, Workload};

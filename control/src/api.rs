@@ -26,10 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{self, Caller, Refusal};
 use crate::catalog::CatalogError;
 use crate::ingest::{Appended, IngestFormat};
-use crate::kind::DatasetKind;
 use crate::node::{ControlError, ControlPlane};
 use crate::openapi::Contract;
 use crate::serve::PeerIdentity;
+use sluice_proto::api::DatasetKind;
 
 pub type Shared = Arc<ControlPlane>;
 

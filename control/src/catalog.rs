@@ -6,10 +6,9 @@
 use std::path::Path;
 
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
-use serde::{Deserialize, Serialize};
 
 use crate::grants::{GrantRecord, GRANTS_MAX};
-use crate::kind::DatasetKind;
+pub use sluice_proto::api::{DatasetKind, DatasetRecord, DatasetState, NamespaceRecord};
 
 const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
 /// Per dataset id: CRC32C of each 64 KiB chunk, little-endian u32s; the last
@@ -28,95 +27,6 @@ const NEXT_GRANT_ID: &str = "next_grant_id";
 pub const DATASETS_MAX: usize = 65_536;
 /// Longest dataset name.
 pub const NAME_BYTES_MAX: usize = 128;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DatasetState {
-    /// Made, nothing ingested yet.
-    Creating,
-    /// At least one file ingested; more may follow.
-    Ingesting,
-    /// Immutable and served.
-    Sealed,
-    /// Being removed; finished at the next start if interrupted.
-    Deleting,
-}
-
-impl std::fmt::Display for DatasetState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Creating => "creating",
-            Self::Ingesting => "ingesting",
-            Self::Sealed => "sealed",
-            Self::Deleting => "deleting",
-        })
-    }
-}
-
-/// Where a dataset's bytes live and why there.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct NamespaceRecord {
-    /// `file` (a file per dataset) or `mem`.
-    pub kind: String,
-    pub path: String,
-    pub base_offset_bytes: u64,
-    /// Why the allocator chose this namespace.
-    pub reason: String,
-    /// `CONTROLLER:NSID` when the allocator attached this namespace from the
-    /// controller's detached pool; delete detaches it again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attached: Option<String>,
-    /// The allocator created this namespace (NVMe Namespace Management)
-    /// for the dataset; delete detaches and deletes it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub created: bool,
-}
-
-impl NamespaceRecord {
-    /// A whole namespace (or file) from its first byte, chosen for `reason`.
-    pub fn new(kind: &str, path: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            kind: kind.to_string(),
-            path: path.into(),
-            base_offset_bytes: 0,
-            reason: reason.into(),
-            attached: None,
-            created: false,
-        }
-    }
-
-    /// Attached for the dataset (`label` names it for release), and
-    /// created for it when `created`: delete gives it back.
-    pub fn attached_as(self, label: String, created: bool) -> Self {
-        Self { attached: Some(label), created, ..self }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct DatasetRecord {
-    pub id: u64,
-    pub name: String,
-    pub kind: DatasetKind,
-    pub state: DatasetState,
-    pub length_bytes: u64,
-    pub files_ingested: u32,
-    pub chunk_size_bytes: u64,
-    /// `blake3:<hex>` of the content, set at seal.
-    pub content_hash: Option<String>,
-    pub namespace: NamespaceRecord,
-    pub created_unix_ms: u64,
-    pub sealed_unix_ms: Option<u64>,
-    /// `records` of one fixed size: no index file.
-    #[serde(default)]
-    pub record_size_bytes: Option<u64>,
-    /// Samples committed (`records` and `wds`).
-    #[serde(default)]
-    pub record_count: u64,
-    /// Nodes chosen to hold a copy, the ingesting node first (a cluster
-    /// catalog only; empty on a single node).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub placement: Vec<String>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {

@@ -16,6 +16,7 @@
 //! shared record with its own replica's namespace in it; a node that holds
 //! no copy sees the namespace kind `remote`.
 
+pub use sluice_proto::api::Member;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use crate::catalog::{
 };
 use crate::etcd::{Compare, Etcd, EtcdAccess, Op};
 use crate::grants::{GrantRecord, GRANTS_MAX};
-use crate::kind::DatasetKind;
+use sluice_proto::api::DatasetKind;
 
 /// Chunk checksums per etcd value (128 KiB): an ingest rewrites only the
 /// pages from the old tail on.
@@ -65,16 +66,6 @@ impl ReplicaRecord {
     pub fn serves(&self, record: &DatasetRecord) -> bool {
         self.ready && self.dataset_id == record.id
     }
-}
-
-/// A live node as it announces itself.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Member {
-    pub node: String,
-    /// Control API, `http://host:port`: what clients and peers connect to.
-    pub control_endpoint: String,
-    pub data_addr: String,
-    pub started_unix_ms: u64,
 }
 
 pub fn valid_node_id(id: &str) -> bool {

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use sluice_dataplane::Namespace;
 use sluice_proto::CHUNK_SIZE_BYTES;
 
-use crate::kind::DatasetKind;
-use crate::npy::{self, NpyError};
 use crate::tar::{TarError, TarIndexer};
+pub use sluice_proto::api::Appended;
+use sluice_proto::api::DatasetKind;
+use sluice_proto::npy::{self, NpyError};
 
 /// How a file's bytes are to be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -55,20 +56,6 @@ pub enum RecordRule {
     Offsets(Vec<u64>),
     /// A WebDataset tar shard, indexed as it streams.
     Tar(Box<TarIndexer>),
-}
-
-/// What one file added.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Appended {
-    /// Data bytes of the file (the array data of a `.npy`).
-    pub data_bytes: u64,
-    /// CRC32C of those bytes, for the sender to compare with its own.
-    pub data_crc32c: u32,
-    /// The dataset's length once this is committed.
-    pub length_bytes: u64,
-    /// Samples the file added (`records` and `wds`).
-    #[serde(default)]
-    pub records: u64,
 }
 
 /// What a finished file leaves to commit.

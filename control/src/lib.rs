@@ -14,19 +14,17 @@ pub mod hex;
 pub mod identity;
 pub mod index;
 pub mod ingest;
-pub mod kind;
 pub mod metrics;
 mod node;
-pub mod npy;
 pub mod nvme;
 pub mod openapi;
 pub mod serve;
 pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
-pub use kind::DatasetKind;
 pub use node::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
     PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };
+pub use sluice_proto::api::DatasetKind;
 pub use sluice_proto::NodeInfo;

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_control::npy;
+use sluice_proto::npy;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(header) = npy::parse_header(data) {

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use sluice_dataplane::driver::DriverKind;
 use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespace, NamespaceSpec};
 use sluice_proto::CHUNK_SIZE_BYTES;
@@ -22,13 +21,14 @@ use crate::cluster::{EtcdCatalog, Membership, REMOTE_KIND};
 use crate::grants::{self, GrantRecord, GrantView};
 use crate::index::IndexFile;
 use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
-use crate::kind::DatasetKind;
+use sluice_proto::api::DatasetKind;
 
 mod ownership;
 mod replication;
 mod user_space;
 
-pub use replication::{CatalogChoice, ClusterStatus, ReplicaJob, ReplicaTarget};
+pub use replication::{CatalogChoice, ReplicaJob, ReplicaTarget};
+pub use sluice_proto::api::{ClusterStatus, DeviceReport, ScrubReport};
 
 /// Bytes read per step when sealing.
 const SEAL_READ_BYTES: usize = 4 << 20;
@@ -184,26 +184,6 @@ fn best_fit<T: Clone>(candidates: &[(T, u64)], need: Option<u64>) -> Option<(T, 
 
 fn hint_words(size_hint: Option<u64>) -> String {
     size_hint.map(|bytes| format!("; the smallest that holds the {bytes} bytes asked")).unwrap_or_default()
-}
-
-/// One place datasets live, for `GET /v1/devices`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct DeviceReport {
-    /// `nvme_namespace` (a configured namespace device), `nvme_attached` or
-    /// `nvme_detached` (a namespace of a configured controller, path
-    /// `CONTROLLER:NSID`), `data_dir` (the filesystem holding file
-    /// namespaces), or `orphan` (a file no record owned, quarantined in
-    /// `DATA_DIR/orphans/` until `sluicectl orphans purge`).
-    pub kind: String,
-    pub path: String,
-    pub capacity_bytes: u64,
-    /// Dataset bytes on a namespace device; filesystem use for the data dir.
-    pub used_bytes: u64,
-    pub datasets: Vec<String>,
-    /// Why the allocator will not place a dataset here, when it will not
-    /// (someone else's data on a free device, an unreadable device).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
 }
 
 /// Where a node may put datasets besides files in its data directory.
@@ -887,7 +867,8 @@ impl ControlPlane {
         let data = match format {
             IngestFormat::Raw => bytes,
             IngestFormat::Npy => {
-                let header = crate::npy::parse_header(bytes).map_err(|e| ControlError::Records(e.to_string()))?;
+                let header =
+                    sluice_proto::npy::parse_header(bytes).map_err(|e| ControlError::Records(e.to_string()))?;
                 if !matches!(header.descr.as_str(), "<u8" | "<i8") {
                     return Err(ControlError::Records(format!("offsets must be <u8 or <i8, not {}", header.descr)));
                 }
@@ -1595,16 +1576,6 @@ impl ControlPlane {
         }
         Ok((slot, info))
     }
-}
-
-/// What a scrub found.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ScrubReport {
-    pub name: String,
-    pub chunks: u64,
-    pub bytes: u64,
-    /// `(chunk, status)` of every chunk that did not read back clean.
-    pub bad_chunks: Vec<(u64, String)>,
 }
 
 /// Chunks read per scrub batch.

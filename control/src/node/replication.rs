@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::cluster::{Member, ReplicaRecord};
+use crate::cluster::ReplicaRecord;
+use sluice_proto::api::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
 
 /// Where a node keeps its catalog.
 #[derive(Clone, Debug, Default)]
@@ -32,34 +33,6 @@ pub enum CatalogChoice {
         replicas: usize,
         repair_after: Duration,
     },
-}
-
-/// One copy as the cluster sees it.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct CopyStatus {
-    pub node: String,
-    pub ready: bool,
-    /// The node holding it is a live member.
-    pub live: bool,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct DatasetPlacement {
-    pub name: String,
-    pub state: DatasetState,
-    pub placement: Vec<String>,
-    pub copies: Vec<CopyStatus>,
-}
-
-/// `GET /v1/cluster`: the members and where every dataset is.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ClusterStatus {
-    /// This node's id; empty on a single node.
-    pub node: String,
-    pub catalog: String,
-    pub replication: usize,
-    pub members: Vec<Member>,
-    pub datasets: Vec<DatasetPlacement>,
 }
 
 /// A copy this node is placed to hold and does not have yet.

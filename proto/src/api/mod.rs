@@ -1,7 +1,16 @@
 //! Types of the node's HTTP control API that the client, `sluicectl` and
-//! the node all speak.
+//! the node all speak. With the `openapi` feature (the node's), each also
+//! describes itself for the OpenAPI document.
 
 use serde::{Deserialize, Serialize};
+
+pub mod cluster;
+pub mod dataset;
+pub mod devices;
+
+pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
+pub use dataset::{Appended, DatasetKind, DatasetRecord, DatasetState, NamespaceRecord, ScrubReport};
+pub use devices::DeviceReport;
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients
 /// read the data-plane address from it.

@@ -1,0 +1,211 @@
+//! `sluicectl dataset`: create, ingest, seal, list, inspect and delete.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use sluice_proto::api::{Appended, DatasetKind, DatasetRecord, DatasetState};
+use sluice_proto::npy;
+
+use crate::api::Api;
+use crate::cli::{DatasetCommand, Format};
+use crate::error::{json_line, local, unreadable_answer, CtlError, Result};
+
+pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
+    match command {
+        DatasetCommand::Create { name, kind, record_size, size } => {
+            let body =
+                serde_json::json!({ "name": name, "kind": kind, "record_size": record_size, "size_bytes": size });
+            let record: DatasetRecord = api
+                .call(api.request("POST", "/v1/datasets").send_json(body))?
+                .into_json()
+                .map_err(unreadable_answer)?;
+            print_record(&record, json, &format!("created {} ({})", record.name, record.kind));
+        }
+        DatasetCommand::Ingest { name, files, format, index } => {
+            // Refuse early what the node would refuse after the upload.
+            let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
+            if !matches!(record.state, DatasetState::Creating | DatasetState::Ingesting) {
+                return Err(CtlError::Usage(format!(
+                    "dataset {name:?} is {}; ingest needs it creating or ingesting",
+                    record.state
+                )));
+            }
+            let needs_index = record.kind == DatasetKind::Records && record.record_size_bytes.is_none();
+            if needs_index && index.is_none() {
+                return Err(CtlError::Usage(format!(
+                    "{name} is a records dataset: send its offsets first (sluicectl dataset ingest {name} FILE --index OFFSETS)"
+                )));
+            }
+            if let Some(index) = index {
+                if files.len() != 1 {
+                    return Err(CtlError::Usage("--index describes one file: give exactly one FILE with it".into()));
+                }
+                stage_index(api, name, index)?;
+            }
+            let mut results = Vec::new();
+            for file in files {
+                let appended = ingest_file(api, name, file, *format, json)?;
+                results.push(serde_json::json!({ "file": file, "appended": appended }));
+            }
+            if json {
+                println!("{}", Value::Array(results));
+            }
+        }
+        DatasetCommand::Seal { name } => {
+            let record: DatasetRecord = api
+                .call(api.request("POST", &format!("/v1/datasets/{name}/seal")).call())?
+                .into_json()
+                .map_err(unreadable_answer)?;
+            let hash = record.content_hash.clone().unwrap_or_default();
+            print_record(&record, json, &format!("sealed {} ({} bytes, {hash})", record.name, record.length_bytes));
+        }
+        DatasetCommand::Ls => {
+            let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
+            if json {
+                println!("{}", json_line(&records)?);
+            } else {
+                println!("{:<32} {:<11} {:<10} {:>16} {:>6}  HASH", "NAME", "KIND", "STATE", "BYTES", "FILES");
+                for r in records {
+                    let hash = r.content_hash.as_deref().map(|h| &h[..h.len().min(23)]).unwrap_or("-");
+                    let state = serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string));
+                    println!(
+                        "{:<32} {:<11} {:<10} {:>16} {:>6}  {hash}",
+                        r.name,
+                        r.kind.as_str(),
+                        state.unwrap_or_default(),
+                        r.length_bytes,
+                        r.files_ingested
+                    );
+                }
+            }
+        }
+        DatasetCommand::Stat { name } => {
+            let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
+            let pretty =
+                serde_json::to_string_pretty(&record).map_err(|e| CtlError::Failed(format!("encoding JSON: {e}")))?;
+            print_record(&record, json, &pretty);
+        }
+        DatasetCommand::Rm { name } => {
+            api.call(api.request("DELETE", &format!("/v1/datasets/{name}")).call())?;
+            if json {
+                println!("{}", serde_json::json!({ "deleted": name }));
+            } else {
+                println!("deleted {name}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_record(record: &DatasetRecord, json: bool, human: &str) {
+    if json {
+        println!("{}", serde_json::to_string(record).unwrap_or_default());
+    } else {
+        println!("{human}");
+    }
+}
+
+/// Sends a records file's offsets ahead of the file itself.
+fn stage_index(api: &Api, name: &str, path: &Path) -> Result<()> {
+    let bytes = std::fs::read(path).map_err(local(path))?;
+    let npy = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+    let request = api
+        .request("POST", &format!("/v1/datasets/{name}/index"))
+        .query("format", if npy { "npy" } else { "raw" })
+        .set("Content-Type", "application/octet-stream")
+        .send_bytes(&bytes);
+    api.call(request)?;
+    Ok(())
+}
+
+/// Streams one file to the node, then compares the node's CRC32C of the
+/// data with the one computed here while sending.
+fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -> Result<Appended> {
+    let file = File::open(path).map_err(local(path))?;
+    let size = file.metadata().map(|m| m.len()).map_err(local(path))?;
+    let npy = match format {
+        Format::Npy => true,
+        Format::Raw => false,
+        Format::Auto => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy")),
+    };
+    let data_offset = if npy {
+        let mut head = vec![0u8; (size as usize).min(npy::HEADER_BYTES_MAX)];
+        File::open(path).and_then(|mut f| f.read_exact(&mut head)).map_err(local(path))?;
+        npy::parse_header(&head).map(|h| h.data_offset_bytes as u64).map_err(local(path))?
+    } else {
+        0
+    };
+    let progress = ProgressBar::new(size);
+    progress.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    progress.set_message(path.display().to_string());
+    let reader = CrcReader { inner: progress.wrap_read(file), skip: data_offset, crc: 0 };
+    let crc = Arc::new(std::sync::Mutex::new(0u32));
+    let reader = SharedCrc { reader, out: Arc::clone(&crc) };
+    let request = api
+        .request("POST", &format!("/v1/datasets/{name}/ingest"))
+        .query("format", if npy { "npy" } else { "raw" })
+        .set("Content-Type", "application/octet-stream")
+        .send(reader);
+    progress.finish_and_clear();
+    let appended: Appended = api.call(request)?.into_json().map_err(unreadable_answer)?;
+    let sent = *crc.lock().map_err(|_| CtlError::Failed("the checksum's lock is poisoned".into()))?;
+    if appended.data_crc32c != sent {
+        return Err(CtlError::Failed(format!(
+            "{}: checksum mismatch: sent crc32c {sent:#010x}, node stored {:#010x}",
+            path.display(),
+            appended.data_crc32c
+        )));
+    }
+    if !json {
+        println!(
+            "ingested {}: {} bytes (crc32c {:#010x} verified); {name} is now {} bytes",
+            path.display(),
+            appended.data_bytes,
+            sent,
+            appended.length_bytes
+        );
+    }
+    Ok(appended)
+}
+
+/// CRC32C of what passes through, after the first `skip` bytes.
+struct CrcReader<R> {
+    inner: R,
+    skip: u64,
+    crc: u32,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let skip = (self.skip.min(n as u64)) as usize;
+        self.skip -= skip as u64;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[skip..n]);
+        Ok(n)
+    }
+}
+
+/// Publishes the running CRC so it can be read after the request consumed
+/// the reader.
+struct SharedCrc<R> {
+    reader: CrcReader<R>,
+    out: Arc<std::sync::Mutex<u32>>,
+}
+
+impl<R: Read> Read for SharedCrc<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        if let Ok(mut out) = self.out.lock() {
+            *out = self.reader.crc;
+        }
+        Ok(n)
+    }
+}

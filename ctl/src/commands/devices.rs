@@ -1,0 +1,76 @@
+//! `sluicectl devices`, `namespaces` and `orphans`: where datasets live,
+//! and the files no record owns.
+
+use serde_json::Value;
+use sluice_proto::api::{DatasetRecord, DeviceReport};
+
+use crate::api::Api;
+use crate::cli::OrphansCommand;
+use crate::error::{json_line, unreadable_answer, Result};
+
+pub fn devices(api: &Api, json: bool) -> Result<()> {
+    let devices: Vec<DeviceReport> = api.get_json("/v1/devices")?;
+    if json {
+        println!("{}", json_line(&devices)?);
+        return Ok(());
+    }
+    println!("{:<15} {:<40} {:>16} {:>16}  DATASETS", "KIND", "PATH", "CAPACITY", "USED");
+    for d in devices {
+        println!(
+            "{:<15} {:<40} {:>16} {:>16}  {}",
+            d.kind,
+            d.path,
+            d.capacity_bytes,
+            d.used_bytes,
+            if d.datasets.is_empty() { "-".to_string() } else { d.datasets.join(",") }
+        );
+    }
+    Ok(())
+}
+
+pub fn orphans(api: &Api, json: bool, command: &OrphansCommand) -> Result<()> {
+    let answer: Value = match command {
+        OrphansCommand::Ls => api.get_json("/v1/orphans")?,
+        OrphansCommand::Purge => {
+            api.call(api.request("DELETE", "/v1/orphans").call())?.into_json().map_err(unreadable_answer)?
+        }
+    };
+    if json {
+        println!("{answer}");
+        return Ok(());
+    }
+    match command {
+        OrphansCommand::Ls => {
+            for file in answer.as_array().into_iter().flatten() {
+                println!("{:>16}  {}", file["bytes"], file["path"].as_str().unwrap_or(""));
+            }
+        }
+        OrphansCommand::Purge => println!("purged {} files, {} bytes", answer["files"], answer["bytes"]),
+    }
+    Ok(())
+}
+
+pub fn namespaces(api: &Api, json: bool) -> Result<()> {
+    let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
+    if json {
+        let rows: Vec<Value> = records
+            .iter()
+            .map(|r| serde_json::json!({ "dataset": r.name, "length_bytes": r.length_bytes, "namespace": r.namespace }))
+            .collect();
+        println!("{}", Value::Array(rows));
+        return Ok(());
+    }
+    println!("{:<32} {:<7} {:<40} {:>12} {:>16}  REASON", "DATASET", "KIND", "PATH", "OFFSET", "BYTES");
+    for r in records {
+        println!(
+            "{:<32} {:<7} {:<40} {:>12} {:>16}  {}",
+            r.name,
+            r.namespace.kind,
+            r.namespace.path,
+            r.namespace.base_offset_bytes,
+            r.length_bytes,
+            r.namespace.reason
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! Datasets as the control API shows them, and as the catalog stores them:
+//! kind, state, where the bytes live, and what ingest and scrub report.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// What a dataset holds. Tokens are little-endian, concatenated into one
+/// stream, as Megatron's `.bin` files and 1-D `.npy` arrays are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum DatasetKind {
+    #[serde(rename = "bytes")]
+    Bytes,
+    #[serde(rename = "tokens:u16")]
+    TokensU16,
+    #[serde(rename = "tokens:u32")]
+    TokensU32,
+    /// Samples of any size: concatenated bytes plus an index of
+    /// `(offset, len)` per sample (or one fixed record size).
+    #[serde(rename = "records")]
+    Records,
+    /// WebDataset tar shards; the index of samples is built at ingest.
+    #[serde(rename = "wds")]
+    Wds,
+}
+
+impl DatasetKind {
+    /// Size of one element; a dataset's length is a multiple of it.
+    pub fn element_size_bytes(self) -> u64 {
+        match self {
+            Self::Bytes | Self::Records | Self::Wds => 1,
+            Self::TokensU16 => 2,
+            Self::TokensU32 => 4,
+        }
+    }
+
+    /// The `.npy` dtype descriptors this kind accepts (`None`: any).
+    pub fn npy_dtypes(self) -> Option<&'static [&'static str]> {
+        match self {
+            Self::Bytes | Self::Records | Self::Wds => None,
+            Self::TokensU16 => Some(&["<u2"]),
+            Self::TokensU32 => Some(&["<u4"]),
+        }
+    }
+
+    /// Whether samples are records with an index rather than token windows.
+    pub fn has_records(self) -> bool {
+        matches!(self, Self::Records | Self::Wds)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bytes => "bytes",
+            Self::TokensU16 => "tokens:u16",
+            Self::TokensU32 => "tokens:u32",
+            Self::Records => "records",
+            Self::Wds => "wds",
+        }
+    }
+}
+
+impl fmt::Display for DatasetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DatasetKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bytes" => Ok(Self::Bytes),
+            "tokens:u16" => Ok(Self::TokensU16),
+            "tokens:u32" => Ok(Self::TokensU32),
+            "records" => Ok(Self::Records),
+            "wds" => Ok(Self::Wds),
+            other => {
+                Err(format!("unknown dataset kind {other:?} (expected bytes, tokens:u16, tokens:u32, records or wds)"))
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetState {
+    /// Made, nothing ingested yet.
+    Creating,
+    /// At least one file ingested; more may follow.
+    Ingesting,
+    /// Immutable and served.
+    Sealed,
+    /// Being removed; finished at the next start if interrupted.
+    Deleting,
+}
+
+impl std::fmt::Display for DatasetState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Creating => "creating",
+            Self::Ingesting => "ingesting",
+            Self::Sealed => "sealed",
+            Self::Deleting => "deleting",
+        })
+    }
+}
+
+/// Where a dataset's bytes live and why there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NamespaceRecord {
+    /// `file` (a file per dataset) or `mem`.
+    pub kind: String,
+    pub path: String,
+    pub base_offset_bytes: u64,
+    /// Why the allocator chose this namespace.
+    pub reason: String,
+    /// `CONTROLLER:NSID` when the allocator attached this namespace from the
+    /// controller's detached pool; delete detaches it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<String>,
+    /// The allocator created this namespace (NVMe Namespace Management)
+    /// for the dataset; delete detaches and deletes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
+}
+
+impl NamespaceRecord {
+    /// A whole namespace (or file) from its first byte, chosen for `reason`.
+    pub fn new(kind: &str, path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            kind: kind.to_string(),
+            path: path.into(),
+            base_offset_bytes: 0,
+            reason: reason.into(),
+            attached: None,
+            created: false,
+        }
+    }
+
+    /// Attached for the dataset (`label` names it for release), and
+    /// created for it when `created`: delete gives it back.
+    pub fn attached_as(self, label: String, created: bool) -> Self {
+        Self { attached: Some(label), created, ..self }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DatasetRecord {
+    pub id: u64,
+    pub name: String,
+    pub kind: DatasetKind,
+    pub state: DatasetState,
+    pub length_bytes: u64,
+    pub files_ingested: u32,
+    pub chunk_size_bytes: u64,
+    /// `blake3:<hex>` of the content, set at seal.
+    pub content_hash: Option<String>,
+    pub namespace: NamespaceRecord,
+    pub created_unix_ms: u64,
+    pub sealed_unix_ms: Option<u64>,
+    /// `records` of one fixed size: no index file.
+    #[serde(default)]
+    pub record_size_bytes: Option<u64>,
+    /// Samples committed (`records` and `wds`).
+    #[serde(default)]
+    pub record_count: u64,
+    /// Nodes chosen to hold a copy, the ingesting node first (a cluster
+    /// catalog only; empty on a single node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<String>,
+}
+
+/// What one file added.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Appended {
+    /// Data bytes of the file (the array data of a `.npy`).
+    pub data_bytes: u64,
+    /// CRC32C of those bytes, for the sender to compare with its own.
+    pub data_crc32c: u32,
+    /// The dataset's length once this is committed.
+    pub length_bytes: u64,
+    /// Samples the file added (`records` and `wds`).
+    #[serde(default)]
+    pub records: u64,
+}
+
+/// What a scrub found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScrubReport {
+    pub name: String,
+    pub chunks: u64,
+    pub bytes: u64,
+    /// `(chunk, status)` of every chunk that did not read back clean.
+    pub bad_chunks: Vec<(u64, String)>,
+}
