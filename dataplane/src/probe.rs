@@ -8,8 +8,10 @@ use std::time::Instant;
 
 /// log2 buckets of range sizes (`SLUICE_SIZE_BUCKETS`).
 pub const SIZE_BUCKETS: usize = 24;
-pub const LANE_LATENCY: u8 = 0;
-pub const LANE_BULK: u8 = 1;
+/// `SLUICE_LANE_LATENCY` and `SLUICE_LANE_BULK`: the probe ABI's numbers
+/// for the one lane type.
+pub const LANE_LATENCY: u8 = sluice_proto::Lane::Latency as u8;
+pub const LANE_BULK: u8 = sluice_proto::Lane::Bulk as u8;
 /// The batch-size threshold chose the lane (`SLUICE_LANE_BY_THRESHOLD`).
 pub const LANE_BY_THRESHOLD: u8 = 0;
 /// The policy's decision for the flow chose it (`SLUICE_LANE_BY_POLICY`).
@@ -38,6 +40,17 @@ pub struct BatchProbe {
     pub flow_generation: u32,
     /// The peer's address, IPv6 or IPv4-mapped.
     pub peer: [u8; 16],
+}
+
+impl BatchProbe {
+    /// The lane admission wrote into the probe, as the one lane type.
+    pub fn lane(&self) -> sluice_proto::Lane {
+        if self.lane == LANE_LATENCY {
+            sluice_proto::Lane::Latency
+        } else {
+            sluice_proto::Lane::Bulk
+        }
+    }
 }
 
 const _: () = assert!(size_of::<BatchProbe>() == 168);

@@ -1,0 +1,200 @@
+//! One core: the thread that owns a queue pair, a DMA slot pool and a
+//! table of attached datasets, and its loop (inbox, admission, push, reap,
+//! park). Nothing here takes a lock.
+
+mod admission;
+mod complete;
+mod inflight;
+
+use super::*;
+use inflight::ActiveBatch;
+
+pub(super) struct CoreEngine {
+    id: usize,
+    queue: Queue,
+    pool: SlotPool,
+    inbox: mpsc::Receiver<CoreMsg>,
+    parked: Arc<AtomicBool>,
+    datasets: Vec<Option<(u32, Arc<DatasetView>)>>,
+    /// Batches in flight per dataset slot, so a detach waits for them.
+    slot_batches: Vec<u32>,
+    detaching: Vec<(u32, oneshot::Sender<()>)>,
+    /// Waiting batches per lane, with their probes: latency first, then bulk.
+    waiting: [VecDeque<(ReadBatch, BatchProbe)>; 2],
+    latency_batch_bytes_max: u64,
+    /// Submission queue depth; bulk batches use at most 3/4 of it.
+    queue_depth: u32,
+    /// The steering policy's per-flow decisions, once steering starts.
+    decisions: Option<Arc<dyn LaneDecisions>>,
+    active: Vec<Option<ActiveBatch>>,
+    active_free: Vec<usize>,
+    completions: Vec<Completion>,
+    batches_waiting_max: usize,
+    unit_bytes_max: u32,
+    verify_chunks: bool,
+    /// Origin of probe timestamps.
+    clock: std::time::Instant,
+    stopping: bool,
+}
+
+impl CoreEngine {
+    pub(super) fn new(
+        id: usize,
+        queue: Queue,
+        pool: SlotPool,
+        inbox: mpsc::Receiver<CoreMsg>,
+        parked: Arc<AtomicBool>,
+        config: &DataPlaneConfig,
+    ) -> Self {
+        let active_max = config.batches_in_flight_max.max(1);
+        Self {
+            id,
+            queue,
+            unit_bytes_max: u32::try_from(config.slot_size_bytes).expect("slot size fits u32"),
+            pool,
+            inbox,
+            parked,
+            datasets: vec![None; DATASET_SLOTS_MAX as usize],
+            slot_batches: vec![0; DATASET_SLOTS_MAX as usize],
+            detaching: Vec::new(),
+            waiting: [
+                VecDeque::with_capacity(config.batches_waiting_max),
+                VecDeque::with_capacity(config.batches_waiting_max),
+            ],
+            latency_batch_bytes_max: config.latency_batch_bytes_max,
+            queue_depth: config.queue_depth.max(1),
+            decisions: None,
+            active: (0..active_max).map(|_| None).collect(),
+            active_free: (0..active_max).rev().collect(),
+            completions: Vec::with_capacity(REAP_MAX),
+            batches_waiting_max: config.batches_waiting_max.max(1),
+            verify_chunks: config.verify_chunks,
+            clock: std::time::Instant::now(),
+            stopping: false,
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        tracing::debug!(core = self.id, "data-plane core started");
+        loop {
+            self.pool.reclaim();
+            self.drain_inbox();
+            self.admit_waiting();
+            self.push_units();
+            if let Err(err) = self.queue.flush() {
+                tracing::error!(core = self.id, "submitting I/O: {err}");
+            }
+            let reaped = self.reap();
+            self.finish_detaches();
+            let in_flight = self.queue.in_flight() > 0;
+            if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
+                break;
+            }
+            if in_flight {
+                if reaped == 0 {
+                    if let Err(err) = self.queue.wait() {
+                        tracing::error!(core = self.id, "waiting for completions: {err}");
+                    }
+                }
+            } else if self.units_to_push() {
+                // The queue drained with units still to push (batches with
+                // more units than the queue is deep): push them now; parking
+                // would wait for a message that may never come.
+                continue;
+            } else if !self.stopping {
+                self.park();
+            }
+        }
+        for (batch, _) in self.waiting.iter_mut().flat_map(|lane| lane.drain(..)) {
+            let _ = batch.reply.send(Err(SubmitError::Shutdown));
+        }
+        tracing::debug!(core = self.id, "data-plane core stopped");
+    }
+
+    /// Whether an admitted batch still has units or block retries that did
+    /// not fit the queue.
+    fn units_to_push(&self) -> bool {
+        self.active
+            .iter()
+            .flatten()
+            .any(|batch| batch.units_pushed < batch.plan.units.len() || !batch.retries.is_empty())
+    }
+
+    /// Blocks until a message arrives. Slot returns wake it through `Wake`.
+    fn park(&mut self) {
+        self.parked.store(true, Ordering::SeqCst);
+        // A slot returned between the last reclaim and `parked` going up
+        // sent no wake; look once more before sleeping.
+        let free_before = self.pool.free_count();
+        self.pool.reclaim();
+        if self.pool.free_count() == free_before {
+            tracing::debug!(
+                core = self.id,
+                waiting = self.waiting_count(),
+                free_slots = self.pool.free_count(),
+                active = self.active.len() - self.active_free.len(),
+                "parking"
+            );
+            match self.inbox.blocking_recv() {
+                Some(msg) => self.handle(msg),
+                None => self.stopping = true,
+            }
+        }
+        self.parked.store(false, Ordering::SeqCst);
+    }
+
+    fn drain_inbox(&mut self) {
+        for _ in 0..INBOX_DRAIN_MAX {
+            if self.waiting_count() >= self.batches_waiting_max {
+                return;
+            }
+            match self.inbox.try_recv() {
+                Ok(msg) => self.handle(msg),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.stopping = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: CoreMsg) {
+        match msg {
+            CoreMsg::Batch(batch) if self.stopping => {
+                let _ = batch.reply.send(Err(SubmitError::Shutdown));
+            }
+            CoreMsg::Batch(batch) => {
+                let mut probe = self.probe_of(&batch);
+                let lane = self.choose_lane(&mut probe);
+                sluice_probe_lane_select(&probe);
+                self.waiting[lane.index()].push_back((batch, probe));
+            }
+            CoreMsg::Decisions(decisions) => self.decisions = Some(decisions),
+            CoreMsg::Attach(slot, view) => {
+                self.queue.register_namespace(slot.index, &view.namespace.target());
+                self.datasets[slot.index as usize] = Some((slot.generation, view));
+            }
+            CoreMsg::Detach(slot, ack) => {
+                self.datasets[slot as usize] = None;
+                self.detaching.push((slot, ack));
+            }
+            CoreMsg::Wake => {}
+            CoreMsg::Shutdown => self.stopping = true,
+        }
+    }
+
+    fn finish_detaches(&mut self) {
+        let mut index = 0;
+        while index < self.detaching.len() {
+            let slot = self.detaching[index].0;
+            if self.slot_batches[slot as usize] == 0 {
+                let (_, ack) = self.detaching.swap_remove(index);
+                self.queue.unregister_namespace(slot);
+                let _ = ack.send(());
+            } else {
+                index += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! The per-core engines and the [`DataPlane`] that fronts them. This file
+//! is the handle (start, attach, submit, stop); a core's loop, admission
+//! and lanes, in-flight table and completion are in [`core`], the result
+//! a transport holds in [`result`].
+//!
+//! Each core is one thread that owns a queue pair per device, a DMA arena and
+//! a table of attached datasets; nothing on its path takes a lock. Transports
+//! reach it only by message (a bounded channel), and it replies per batch
+//! with a [`BatchResult`] whose bytes stay in its DMA slots until the
+//! transport drops it. Cores poll while I/O is in flight and block on their
+//! inbox when idle, so an idle node burns no CPU.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::blocks::VERIFY_BLOCK_BYTES;
+use crate::dataset::{ByteRange, DatasetView};
+use crate::dma::{Arena, SlotLease, SlotPool};
+use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
+use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
+use crate::probe::{
+    monotonic_ns, size_bucket, sluice_probe_batch_complete, sluice_probe_batch_submit, sluice_probe_lane_select,
+    BatchProbe, LANE_BY_POLICY, LANE_BY_THRESHOLD,
+};
+use crate::steer::{
+    Flow, FlowLease, FlowTable, LaneDecisions, DECISION_BULK, DECISION_LATENCY, DECISION_NONE, FLOWS_MAX,
+};
+use sluice_proto::{Lane, RangeStatus};
+
+mod core;
+mod result;
+#[cfg(test)]
+mod tests;
+
+use self::core::CoreEngine;
+pub use result::BatchResult;
+
+/// Most datasets attached to one node at once.
+pub const DATASET_SLOTS_MAX: u32 = 4096;
+/// Most messages a core takes from its inbox per loop turn, so completions
+/// are reaped regularly under a flood of requests.
+const INBOX_DRAIN_MAX: usize = 64;
+/// Most completions reaped per loop turn.
+const REAP_MAX: usize = 256;
+/// A quarter of each core's slots is kept for the latency lane, so small
+/// reads still run while bulk responses wait on slow clients.
+const LATENCY_RESERVE_DIVISOR: usize = 4;
+
+/// Sizes of everything the data plane allocates at start-up.
+#[derive(Clone, Debug)]
+pub struct DataPlaneConfig {
+    /// Data-plane cores (threads), each with its own queue pair.
+    pub cores: usize,
+    /// DMA slots per core; with `slot_size_bytes` this bounds the bytes a
+    /// core holds for batches in flight and responses being sent.
+    pub slots_per_core: usize,
+    /// Slot size, which is also the largest single I/O.
+    pub slot_size_bytes: usize,
+    /// Submission queue depth of each queue pair.
+    pub queue_depth: u32,
+    /// Batches a core works on at once.
+    pub batches_in_flight_max: usize,
+    /// Batches waiting for slots before the inbox applies back-pressure.
+    pub batches_waiting_max: usize,
+    /// Batches asking for at most this many bytes take the latency lane:
+    /// admitted before bulk batches, with a reserve of slots bulk batches
+    /// cannot take. The fallback steering when no policy is loaded.
+    pub latency_batch_bytes_max: u64,
+    /// Depth of each core's inbox.
+    pub inbox_depth: usize,
+    /// Verify every read: each 4 KiB block it covers against the dataset's
+    /// block checksums.
+    pub verify_chunks: bool,
+}
+
+impl Default for DataPlaneConfig {
+    fn default() -> Self {
+        Self {
+            cores: 2,
+            slots_per_core: 512,
+            slot_size_bytes: 128 * 1024,
+            queue_depth: 256,
+            batches_in_flight_max: 64,
+            batches_waiting_max: 256,
+            latency_batch_bytes_max: 512 * 1024,
+            inbox_depth: 1024,
+            verify_chunks: true,
+        }
+    }
+}
+
+/// Handle of a dataset attached to the data plane. The generation tells a
+/// reused slot from the dataset that held it before, so a stale handle can
+/// never read another dataset's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DatasetSlot {
+    pub index: u32,
+    pub generation: u32,
+}
+
+/// Why a whole batch failed (ranges failing alone are in the statuses).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("dataset is not attached to the data plane")]
+    UnknownDataset,
+    #[error("batch needs {slots_needed} DMA slots but a core has {capacity}")]
+    TooLarge { slots_needed: u32, capacity: u32 },
+    #[error("the data plane is shutting down")]
+    Shutdown,
+}
+
+/// A batch of reads of one dataset.
+pub struct ReadBatch {
+    pub dataset: DatasetSlot,
+    /// Which connection sent it (reported to probes).
+    pub client_id: u32,
+    /// The flow (dataset on a connection) whose steering decision picks the
+    /// lane; [`Flow::UNSTEERED`] leaves it to the size threshold.
+    pub flow: Flow,
+    pub ranges: Vec<ByteRange>,
+    pub reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+}
+
+enum CoreMsg {
+    Batch(ReadBatch),
+    Decisions(Arc<dyn LaneDecisions>),
+    Attach(DatasetSlot, Arc<DatasetView>),
+    Detach(u32, oneshot::Sender<()>),
+    /// Slots came back while the core was parked.
+    Wake,
+    Shutdown,
+}
+
+struct CoreHandle {
+    inbox: mpsc::Sender<CoreMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The data plane of one node.
+pub struct DataPlane {
+    cores: Mutex<Vec<CoreHandle>>,
+    senders: Vec<mpsc::Sender<CoreMsg>>,
+    next_core: AtomicUsize,
+    next_generation: std::sync::atomic::AtomicU32,
+    slots_in_use: Mutex<Vec<bool>>,
+    config: DataPlaneConfig,
+    driver_description: String,
+    regions: Vec<DmaRegion>,
+    slots_total: usize,
+    leased_counters: Vec<Arc<AtomicUsize>>,
+    flows: Arc<FlowTable>,
+}
+
+/// One core's DMA arena as an address range, for a transport to register
+/// with its NIC once at start-up (RDMA sends straight from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaRegion {
+    pub base: usize,
+    pub len_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("core {core}: {source}")]
+    Driver {
+        core: usize,
+        #[source]
+        source: DriverError,
+    },
+    #[error("core {core}: {source}")]
+    Arena {
+        core: usize,
+        #[source]
+        source: crate::dma::ArenaError,
+    },
+    #[error("starting core thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+impl DataPlane {
+    /// Starts `config.cores` engines over `driver`. Each core maps its own
+    /// arena and creates its own queue pair on its own thread, since queue
+    /// pairs (io_uring with SINGLE_ISSUER, SPDK qpairs) belong to the thread
+    /// that made them.
+    pub fn start(driver: Arc<dyn BlockDriver>, config: DataPlaneConfig) -> Result<Self, StartError> {
+        assert!(config.cores >= 1, "a data plane needs a core");
+        let mut cores = Vec::with_capacity(config.cores);
+        let mut senders = Vec::with_capacity(config.cores);
+        let mut description = String::new();
+        let mut regions = Vec::with_capacity(config.cores);
+        let mut slots_total = 0;
+        let mut leased_counters = Vec::with_capacity(config.cores);
+        for core in 0..config.cores {
+            let (tx, rx) = mpsc::channel(config.inbox_depth);
+            let parked = Arc::new(AtomicBool::new(false));
+            let wake = {
+                let tx = tx.clone();
+                let parked = Arc::clone(&parked);
+                Arc::new(move || {
+                    if parked.load(Ordering::SeqCst) {
+                        let _ = tx.try_send(CoreMsg::Wake);
+                    }
+                }) as Arc<dyn Fn() + Send + Sync>
+            };
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let driver = Arc::clone(&driver);
+            let core_config = config.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("sluice-core-{core}"))
+                .spawn(move || {
+                    let setup = Arena::new(core_config.slots_per_core, core_config.slot_size_bytes)
+                        .map_err(|source| StartError::Arena { core, source })
+                        .and_then(|arena| {
+                            let queue = driver
+                                .create_queue(&arena, core_config.queue_depth)
+                                .map_err(|source| StartError::Driver { core, source })?;
+                            Ok((arena, queue))
+                        });
+                    match setup {
+                        Ok((arena, queue)) => {
+                            let line = format!(
+                                "{} driver, {} cores, {} ({} MiB DMA per core{})",
+                                driver.kind(),
+                                core_config.cores,
+                                queue.describe(),
+                                arena.len_bytes() >> 20,
+                                if arena.is_hugepage_backed() { ", hugepages" } else { "" }
+                            );
+                            let region = DmaRegion { base: arena.base_ptr() as usize, len_bytes: arena.len_bytes() };
+                            let slots = arena.slot_count();
+                            let pool = SlotPool::new(Arc::new(arena), wake);
+                            let region = (region, slots, pool.leased_counter());
+                            let engine = CoreEngine::new(core, queue, pool, rx, parked, &core_config);
+                            let _ = ready_tx.send(Ok((line, region)));
+                            engine.run();
+                        }
+                        Err(err) => {
+                            let _ = ready_tx.send(Err(err));
+                        }
+                    }
+                })
+                .map_err(StartError::Thread)?;
+            let line =
+                ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
+            let line = match line {
+                Ok((line, (region, slots, leased))) => {
+                    regions.push(region);
+                    slots_total += slots;
+                    leased_counters.push(leased);
+                    line
+                }
+                Err(err) => {
+                    let _ = thread.join();
+                    for started in &cores {
+                        let started: &CoreHandle = started;
+                        let _ = started.inbox.try_send(CoreMsg::Shutdown);
+                    }
+                    return Err(err);
+                }
+            };
+            if core == 0 {
+                description = line;
+            }
+            senders.push(tx.clone());
+            cores.push(CoreHandle { inbox: tx, thread: Some(thread) });
+        }
+        Ok(Self {
+            cores: Mutex::new(cores),
+            senders,
+            next_core: AtomicUsize::new(0),
+            next_generation: std::sync::atomic::AtomicU32::new(1),
+            slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
+            config,
+            driver_description: description,
+            regions,
+            slots_total,
+            leased_counters,
+            flows: Arc::new(FlowTable::new()),
+        })
+    }
+
+    pub fn config(&self) -> &DataPlaneConfig {
+        &self.config
+    }
+
+    /// Every core's arena. They live as long as the data plane; every
+    /// [`BatchResult`]'s bytes lie inside one of them.
+    pub fn dma_regions(&self) -> &[DmaRegion] {
+        &self.regions
+    }
+
+    /// DMA slots of every core, and how many batches and unsent responses
+    /// hold now: a leak shows as a count that never comes back down.
+    pub fn dma_slots(&self) -> (usize, usize) {
+        let leased = self.leased_counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        (leased, self.slots_total)
+    }
+
+    /// One line on the driver, cores and buffers, for start-up logs.
+    pub fn describe(&self) -> &str {
+        &self.driver_description
+    }
+
+    /// Makes `view` readable on every core.
+    pub async fn attach(&self, view: Arc<DatasetView>) -> Result<DatasetSlot, SubmitError> {
+        let slot = {
+            let mut in_use = self.slots_in_use.lock().map_err(|_| SubmitError::Shutdown)?;
+            let free = in_use
+                .iter()
+                .position(|used| !used)
+                .ok_or(SubmitError::TooLarge { slots_needed: DATASET_SLOTS_MAX + 1, capacity: DATASET_SLOTS_MAX })?;
+            in_use[free] = true;
+            DatasetSlot { index: free as u32, generation: self.next_generation.fetch_add(1, Ordering::Relaxed) }
+        };
+        for tx in &self.senders {
+            tx.send(CoreMsg::Attach(slot, Arc::clone(&view))).await.map_err(|_| SubmitError::Shutdown)?;
+        }
+        Ok(slot)
+    }
+
+    /// Stops serving `slot`; returns once no core reads it any more.
+    pub async fn detach(&self, slot: DatasetSlot) {
+        let mut acks = Vec::with_capacity(self.senders.len());
+        for tx in &self.senders {
+            let (ack_tx, ack_rx) = oneshot::channel();
+            if tx.send(CoreMsg::Detach(slot.index, ack_tx)).await.is_ok() {
+                acks.push(ack_rx);
+            }
+        }
+        for ack in acks {
+            let _ = ack.await;
+        }
+        if let Ok(mut in_use) = self.slots_in_use.lock() {
+            in_use[slot.index as usize] = false;
+        }
+    }
+
+    /// Hands a batch to the next core; waits while that core's inbox is full.
+    pub async fn submit(&self, batch: ReadBatch) -> Result<(), SubmitError> {
+        let core = self.next_core.fetch_add(1, Ordering::Relaxed) % self.senders.len();
+        self.senders[core].send(CoreMsg::Batch(batch)).await.map_err(|_| SubmitError::Shutdown)
+    }
+
+    /// Submits and waits for the result.
+    pub async fn read(&self, dataset: DatasetSlot, ranges: Vec<ByteRange>) -> Result<BatchResult, SubmitError> {
+        self.read_in_flow(dataset, Flow::UNSTEERED, ranges).await
+    }
+
+    /// Submits a batch of `flow` and waits for the result.
+    pub async fn read_in_flow(
+        &self,
+        dataset: DatasetSlot,
+        flow: Flow,
+        ranges: Vec<ByteRange>,
+    ) -> Result<BatchResult, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply }).await?;
+        rx.await.map_err(|_| SubmitError::Shutdown)?
+    }
+
+    /// Opens a flow (a dataset opened on a connection from `peer`, see
+    /// [`crate::steer::peer_key`]); it closes when the lease drops.
+    pub fn open_flow(&self, peer: [u8; 16]) -> FlowLease {
+        self.flows.open(peer)
+    }
+
+    /// Flows open now.
+    pub fn flows_open(&self) -> usize {
+        self.flows.open_count()
+    }
+
+    /// Makes every core take each batch's lane from `decisions` (written by
+    /// a steering policy) where it holds one for the batch's flow. Set once,
+    /// when steering starts; a flow without a decision keeps the threshold.
+    pub async fn steer_with(&self, decisions: Arc<dyn LaneDecisions>) -> Result<(), SubmitError> {
+        self.flows.set_decisions(Arc::clone(&decisions));
+        for sender in &self.senders {
+            sender.send(CoreMsg::Decisions(Arc::clone(&decisions))).await.map_err(|_| SubmitError::Shutdown)?;
+        }
+        Ok(())
+    }
+
+    /// Stops every core after its in-flight I/O completes.
+    pub fn shutdown(&self) {
+        let Ok(mut cores) = self.cores.lock() else { return };
+        for core in cores.iter() {
+            let _ = core.inbox.try_send(CoreMsg::Shutdown);
+        }
+        for core in cores.iter_mut() {
+            if let Some(thread) = core.thread.take() {
+                if thread.join().is_err() {
+                    tracing::error!("a data-plane core panicked");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        if let Ok(cores) = self.cores.lock() {
+            for core in cores.iter() {
+                let _ = core.inbox.try_send(CoreMsg::Shutdown);
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! What a batch gives back: its statuses and bytes, which stay in the
+//! core's DMA slots until the transport drops it.
+
+use super::*;
+
+/// The outcome of a batch. Its bytes live in the core's DMA slots until it
+/// is dropped.
+pub struct BatchResult {
+    pub(super) plan: BatchPlan,
+    pub(super) lease: SlotLease,
+    pub(super) lane: Lane,
+}
+
+impl BatchResult {
+    /// The lane the batch was served in (by the policy's decision or the
+    /// size threshold), for the transports' counters.
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    pub fn statuses(&self) -> &[RangeStatus] {
+        &self.plan.statuses
+    }
+
+    /// Bytes of every `Ok` range, in request order.
+    pub fn payload_bytes(&self) -> u64 {
+        (0..self.plan.statuses.len())
+            .filter(|&i| self.plan.statuses[i] == RangeStatus::Ok)
+            .map(|i| self.plan.pieces_of(i).iter().map(|p| u64::from(p.len_bytes)).sum::<u64>())
+            .sum()
+    }
+
+    /// The pieces of range `index`'s bytes in order, each contiguous in a
+    /// DMA region (none unless its status is `Ok`); RDMA writes from them.
+    pub fn range_pieces(&self, index: usize) -> impl Iterator<Item = &[u8]> {
+        let pieces = if self.plan.statuses[index] == RangeStatus::Ok { self.plan.pieces_of(index) } else { &[] };
+        pieces.iter().map(|piece| self.piece_bytes(piece))
+    }
+
+    /// The bytes of every `Ok` range in order, for one vectored send.
+    pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
+        let mut slices = Vec::with_capacity(self.plan.pieces.len());
+        for (index, status) in self.plan.statuses.iter().enumerate() {
+            if *status == RangeStatus::Ok {
+                slices.extend(self.plan.pieces_of(index).iter().map(|p| IoSlice::new(self.piece_bytes(p))));
+            }
+        }
+        slices
+    }
+
+    fn piece_bytes(&self, piece: &crate::plan::Piece) -> &[u8] {
+        let unit = self.plan.units[piece.unit as usize];
+        let slot = self.lease.slot(unit.lease_slot as usize);
+        let offset = unit.slot_offset_bytes as usize + piece.unit_offset_bytes as usize;
+        // SAFETY: the lease owns the slot and every I/O of this batch has
+        // completed before a BatchResult exists, so no device writes it.
+        unsafe { self.lease.arena().slot_bytes(slot, offset, piece.len_bytes as usize) }
+    }
+}

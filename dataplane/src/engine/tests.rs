@@ -1,0 +1,249 @@
+//! The engine against real io_uring and the memory driver.
+
+use super::*;
+use crate::driver::{IoMode, MemDriver, NamespaceSpec, UringDriver};
+use rand::{Rng, SeedableRng};
+use sluice_proto::CHUNK_SIZE_BYTES;
+
+fn small_config() -> DataPlaneConfig {
+    DataPlaneConfig { cores: 2, slots_per_core: 64, queue_depth: 32, ..DataPlaneConfig::default() }
+}
+
+/// The block checksums of `data`, as a sealed dataset's view has them.
+fn blocks(data: &[u8]) -> Arc<[u32]> {
+    let mut crcs = Vec::new();
+    crate::blocks::extend_block_crcs(&mut crcs, data);
+    crcs.into()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+fn random_ranges(rng: &mut impl Rng, len: u64, count: usize) -> Vec<ByteRange> {
+    (0..count)
+        .map(|_| {
+            let len_bytes = rng.gen_range(1..=300_000u32).min(len as u32);
+            let offset_bytes = rng.gen_range(0..=len - u64::from(len_bytes));
+            ByteRange { offset_bytes, len_bytes }
+        })
+        .collect()
+}
+
+fn assert_batch_exact(data: &[u8], ranges: &[ByteRange], result: &BatchResult) {
+    for (index, range) in ranges.iter().enumerate() {
+        assert_eq!(result.statuses()[index], RangeStatus::Ok, "range {index}");
+        let got: Vec<u8> = result.range_pieces(index).collect::<Vec<_>>().concat();
+        let start = range.offset_bytes as usize;
+        assert_eq!(got, &data[start..start + range.len_bytes as usize], "range {index}");
+    }
+}
+
+/// Random unaligned batches read back byte-exact through io_uring with
+/// O_DIRECT on a real file, and through the memory backend.
+#[test]
+fn reads_are_byte_exact_on_both_backends() {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let data: Vec<u8> = (0..3_000_001).map(|_| rng.gen()).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ns");
+    let drivers: [(Arc<dyn BlockDriver>, NamespaceSpec); 2] = [
+        (Arc::new(UringDriver::new(IoMode::Direct)), NamespaceSpec::File { path, create: true }),
+        (Arc::new(MemDriver), NamespaceSpec::Mem),
+    ];
+    for (driver, spec) in drivers {
+        let ns = driver.open_namespace(&spec).expect("namespace");
+        ns.write_at(0, &data).expect("write");
+        ns.truncate(data.len() as u64).expect("truncate");
+        ns.sync().expect("sync");
+        let plane = DataPlane::start(Arc::clone(&driver), small_config()).expect("start");
+        let view = DatasetView {
+            dataset_id: 1,
+            namespace: ns,
+            base_offset_bytes: 0,
+            length_bytes: data.len() as u64,
+            block_crcs: blocks(&data),
+        };
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            for _ in 0..20 {
+                let ranges = random_ranges(&mut rng, data.len() as u64, 40);
+                let result = plane.read(slot, ranges.clone()).await.expect("batch");
+                assert_batch_exact(&data, &ranges, &result);
+            }
+            plane.detach(slot).await;
+            let gone = plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 1 }]).await;
+            assert_eq!(gone.err(), Some(SubmitError::UnknownDataset));
+        });
+        plane.shutdown();
+    }
+}
+
+/// With block checksums every read is verified, however small and
+/// wherever it starts: one flipped byte fails exactly the ranges that
+/// touch its 4 KiB block, and bytes read around it stay served.
+#[test]
+fn small_reads_are_verified_per_block() {
+    let len = 3 * CHUNK_SIZE_BYTES as usize + 1000;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+    ns.write_at(0, &data).expect("write");
+    let flipped = CHUNK_SIZE_BYTES + 3 * VERIFY_BLOCK_BYTES + 17;
+    ns.write_at(flipped, &[!data[flipped as usize]]).expect("corrupt");
+    let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
+    let view = DatasetView {
+        dataset_id: 1,
+        namespace: ns,
+        base_offset_bytes: 0,
+        length_bytes: len as u64,
+        block_crcs: blocks(&data),
+    };
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(view)).await.expect("attach");
+        let block = flipped / VERIFY_BLOCK_BYTES * VERIFY_BLOCK_BYTES;
+        let ranges = vec![
+            ByteRange { offset_bytes: flipped, len_bytes: 1 },
+            ByteRange { offset_bytes: block + 4000, len_bytes: 200 },
+            ByteRange { offset_bytes: block - 10, len_bytes: 10 },
+            ByteRange { offset_bytes: block + VERIFY_BLOCK_BYTES, len_bytes: 4096 },
+            ByteRange { offset_bytes: len as u64 - 900, len_bytes: 900 },
+            ByteRange { offset_bytes: 5, len_bytes: 2048 },
+        ];
+        let result = plane.read(slot, ranges.clone()).await.expect("batch");
+        let bad = RangeStatus::ChecksumMismatch;
+        assert_eq!(result.statuses(), &[bad, bad, RangeStatus::Ok, RangeStatus::Ok, RangeStatus::Ok, RangeStatus::Ok]);
+        let served = ranges[2..].to_vec();
+        let result = plane.read(slot, served.clone()).await.expect("batch");
+        assert_batch_exact(&data, &served, &result);
+    });
+    plane.shutdown();
+}
+
+/// A chunk whose bytes no longer match the manifest fails the ranges
+/// that cover it and only those.
+#[test]
+fn corrupt_chunk_fails_only_its_ranges() {
+    let data = vec![0xabu8; 4 * CHUNK_SIZE_BYTES as usize];
+    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+    ns.write_at(0, &data).expect("write");
+    let manifest = blocks(&data);
+    ns.write_at(CHUNK_SIZE_BYTES + 5, &[0]).expect("corrupt");
+    let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
+    let view = DatasetView {
+        dataset_id: 1,
+        namespace: ns,
+        base_offset_bytes: 0,
+        length_bytes: data.len() as u64,
+        block_crcs: manifest,
+    };
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(view)).await.expect("attach");
+        let whole = |c: u64| ByteRange { offset_bytes: c * CHUNK_SIZE_BYTES, len_bytes: CHUNK_SIZE_BYTES as u32 };
+        let ranges =
+            vec![whole(0), whole(1), whole(2), ByteRange { offset_bytes: 3 * CHUNK_SIZE_BYTES, len_bytes: 10 }];
+        let result = plane.read(slot, ranges).await.expect("batch");
+        assert_eq!(
+            result.statuses(),
+            &[RangeStatus::Ok, RangeStatus::ChecksumMismatch, RangeStatus::Ok, RangeStatus::Ok]
+        );
+    });
+    plane.shutdown();
+}
+
+/// A batch of more I/O units than the queue is deep completes: when the
+/// queue drains with units still to push, the core pushes them instead
+/// of parking (it once parked there and waited for a message that never
+/// came, on both backends).
+#[test]
+fn batches_of_more_units_than_the_queue_holds_complete() {
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let drivers: [(Arc<dyn BlockDriver>, NamespaceSpec); 2] = [
+        (Arc::new(UringDriver::new(IoMode::Direct)), NamespaceSpec::File { path: dir.path().join("ns"), create: true }),
+        (Arc::new(MemDriver), NamespaceSpec::Mem),
+    ];
+    for (driver, spec) in drivers {
+        let ns = driver.open_namespace(&spec).expect("namespace");
+        ns.write_at(0, &data).expect("write");
+        ns.sync().expect("sync");
+        let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
+        let plane = DataPlane::start(driver, config).expect("start");
+        let view = DatasetView::unverified(1, ns, data.len() as u64);
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            // 100 ranges 64 KiB apart: 100 units for a queue of 4.
+            let ranges: Vec<ByteRange> =
+                (0..100u64).map(|i| ByteRange { offset_bytes: i * 65_536 + 7, len_bytes: 3001 }).collect();
+            for _ in 0..3 {
+                let read = plane.read(slot, ranges.clone());
+                let result = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                    .await
+                    .expect("the batch completes")
+                    .expect("batch");
+                assert_batch_exact(&data, &ranges, &result);
+            }
+        });
+        plane.shutdown();
+    }
+}
+
+/// Many batches in flight share a small pool: slots held by unsent
+/// responses come back and later batches proceed.
+#[test]
+fn slots_recycle_under_pressure() {
+    let data = vec![1u8; 8 << 20];
+    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+    ns.write_at(0, &data).expect("write");
+    let config = DataPlaneConfig { cores: 1, slots_per_core: 16, ..small_config() };
+    let plane = Arc::new(DataPlane::start(Arc::new(MemDriver), config).expect("start"));
+    let view = DatasetView::unverified(1, ns, data.len() as u64);
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(view)).await.expect("attach");
+        let big = vec![ByteRange { offset_bytes: 0, len_bytes: 12 * 128 * 1024 }];
+        let held = plane.read(slot, big.clone()).await.expect("first");
+        let plane2 = Arc::clone(&plane);
+        let second = tokio::spawn(async move { plane2.read(slot, big).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "second batch must wait for slots");
+        drop(held);
+        let second = second.await.expect("join").expect("second");
+        assert_eq!(second.payload_bytes(), 12 * 128 * 1024);
+        let too_big = vec![ByteRange { offset_bytes: 0, len_bytes: 17 * 128 * 1024 }];
+        assert!(matches!(plane.read(slot, too_big).await, Err(SubmitError::TooLarge { .. })));
+    });
+    plane.shutdown();
+}
+
+/// Latency-lane units go to the queue before bulk ones, and bulk
+/// batches leave room for them: a small read that arrives while a slow
+/// 4 MiB batch (32 units, each delayed 20 ms, queue depth 4) is being
+/// read is pushed before the bulk batch's remaining units, not after.
+#[test]
+fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
+    use crate::driver::{FaultPlan, FaultyDriver};
+    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+    ns.write_at(0, &vec![3u8; 8 << 20]).expect("write");
+    let plan = FaultPlan { delays: vec![(0..(4 << 20), std::time::Duration::from_millis(20))], ..FaultPlan::default() };
+    let driver = Arc::new(FaultyDriver::new(Arc::new(MemDriver), plan));
+    let config = DataPlaneConfig { cores: 1, queue_depth: 4, ..small_config() };
+    let plane = Arc::new(DataPlane::start(Arc::clone(&driver) as Arc<dyn BlockDriver>, config).expect("start"));
+    let view = DatasetView::unverified(1, ns, 8 << 20);
+    let small_offset = 6 << 20;
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(view)).await.expect("attach");
+        let bulk_plane = Arc::clone(&plane);
+        let bulk = tokio::spawn(async move {
+            bulk_plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4 << 20 }]).await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let small = plane.read(slot, vec![ByteRange { offset_bytes: small_offset, len_bytes: 4096 }]).await;
+        assert_eq!(small.expect("small read").statuses(), &[RangeStatus::Ok]);
+        let bulk = bulk.await.expect("join").expect("bulk");
+        assert_eq!(bulk.payload_bytes(), 4 << 20);
+    });
+    plane.shutdown();
+    let pushed = driver.pushed_offsets();
+    assert_eq!(pushed.len(), 33, "{pushed:?}");
+    let small_at = pushed.iter().position(|o| *o == small_offset).expect("small read pushed");
+    assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
+}
