@@ -1,0 +1,163 @@
+//! Who may call what, and grants: issue, look up by token, revoke.
+
+use super::*;
+
+impl ControlPlane {
+    /// Who may call what. With `insecure`, every client that reaches the
+    /// data port reads every sealed dataset and the control API checks no
+    /// credential: for local development; the node says so.
+    pub fn set_access(&self, policy: AccessPolicy) {
+        if let Ok(mut access) = self.access.write() {
+            *access = Arc::new(policy);
+        }
+    }
+
+    pub fn access(&self) -> Arc<AccessPolicy> {
+        self.access.read().map(|a| Arc::clone(&a)).unwrap_or_default()
+    }
+
+    pub fn insecure(&self) -> bool {
+        self.access().insecure
+    }
+
+    /// The live grant `token` is, if any. In a cluster a token unknown here
+    /// may have been issued on another node: the table is refreshed, a
+    /// bounded number of times a second for unknown tokens.
+    pub fn grant_for_token(&self, token: &str) -> Option<GrantRecord> {
+        let hash = grants::token_hash(token);
+        let lookup = || self.grants.read().ok().and_then(|g| g.get(&hash).cloned());
+        if let Some(grant) = lookup() {
+            return Some(grant);
+        }
+        if self.cluster.is_none() || !token.starts_with(grants::TOKEN_PREFIX) {
+            return None;
+        }
+        let due = self.unknown_token_refreshes.lock().is_ok_and(|mut window| {
+            if window.0.elapsed() >= std::time::Duration::from_secs(1) {
+                *window = (std::time::Instant::now(), 0);
+            }
+            window.1 += 1;
+            window.1 <= UNKNOWN_TOKEN_REFRESHES_PER_S_MAX
+        });
+        if due {
+            self.refresh_grants();
+        }
+        lookup()
+    }
+
+    /// Issues a grant of `dataset` to `client`, optionally bound to the
+    /// client certificate named `cert_name`; the answer carries the token,
+    /// which the node does not keep and cannot show again.
+    pub fn issue_grant(&self, dataset: &str, client: &str, cert_name: Option<&str>) -> Result<GrantView, ControlError> {
+        if !grants::valid_client(client) {
+            return Err(ControlError::BadGrant(format!(
+                "invalid client identity {client:?}: 1-{} printable characters, no spaces",
+                grants::CLIENT_BYTES_MAX
+            )));
+        }
+        if let Some(name) = cert_name.filter(|n| !grants::valid_client(n)) {
+            return Err(ControlError::BadGrant(format!(
+                "invalid certificate name {name:?}: 1-{} printable characters, no spaces",
+                grants::CLIENT_BYTES_MAX
+            )));
+        }
+        let record = self.catalog.require(dataset)?;
+        if record.state == DatasetState::Deleting {
+            return Err(ControlError::State {
+                name: dataset.into(),
+                state: record.state,
+                action: "granting",
+                needed: "not being deleted",
+            });
+        }
+        let token = grants::new_token();
+        let grant = self.catalog.add_grant(&mut |id| GrantRecord {
+            id,
+            client: client.to_string(),
+            dataset: record.name.clone(),
+            dataset_id: record.id,
+            token_hash: grants::token_hash(&token),
+            created_unix_ms: now_unix_ms(),
+            cert_name: cert_name.map(str::to_string),
+        })?;
+        tracing::info!(grant = grant.id, client, dataset, "grant issued");
+        let mut view = GrantView::from(&grant);
+        view.token = Some(sluice_proto::codec::Secret::new(token));
+        if let Ok(mut map) = self.grants.write() {
+            map.insert(grant.token_hash.clone(), grant);
+        }
+        Ok(view)
+    }
+
+    pub fn list_grants(&self) -> Vec<GrantView> {
+        let mut views: Vec<GrantView> =
+            self.grants.read().map(|g| g.values().map(GrantView::from).collect()).unwrap_or_default();
+        views.sort_by_key(|v| v.id);
+        views
+    }
+
+    /// Revokes a grant: new opens with its token fail from now on, and the
+    /// sessions opened with it are closed.
+    pub fn revoke_grant(&self, id: u64) -> Result<(), ControlError> {
+        let existed = self.catalog.remove_grant(id)?;
+        // Gone from the catalog either way; in a cluster this node's copy
+        // of the table may still hold one revoked elsewhere: drop it, and
+        // close its sessions, all the same.
+        let held = self.grants.write().map(|mut map| {
+            let before = map.len();
+            map.retain(|_, g| g.id != id);
+            map.len() != before
+        });
+        if existed || held.unwrap_or(false) {
+            self.revocations.send_modify(|epoch| *epoch += 1);
+        }
+        if !existed {
+            return Err(ControlError::UnknownGrant(id));
+        }
+        tracing::info!(grant = id, "grant revoked");
+        Ok(())
+    }
+
+    /// Whether grant `id` still stands.
+    pub fn grant_live(&self, id: u64) -> bool {
+        self.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id))
+    }
+
+    /// The grant `token` gives for `dataset` (checked against the dataset's
+    /// id, not only its name), or why there is none. An unknown dataset
+    /// and one the grant does not cover get the same answer, so a grant
+    /// holder cannot probe which names exist.
+    pub(super) fn check_grant(
+        &self,
+        dataset: &str,
+        token: Option<&str>,
+        peer_name: Option<&str>,
+    ) -> Result<Option<u64>, OpenError> {
+        if self.insecure() {
+            return Ok(None);
+        }
+        let denied = |message: String| OpenError { code: ErrorCode::AccessDenied, message };
+        let Some(token) = token else {
+            return Err(denied(format!(
+                "reading {dataset} needs a grant: this node checks access (issue one with \
+                 `sluicectl grant create {dataset} --client ID` and pass its token, e.g. SLUICE_TOKEN)"
+            )));
+        };
+        let Some(grant) = self.grant_for_token(token) else {
+            return Err(denied(format!(
+                "the token given for {dataset} is not a grant on this node (revoked or never issued)"
+            )));
+        };
+        if let Some(bound) = grant.cert_name.as_deref().filter(|bound| peer_name != Some(*bound)) {
+            return Err(denied(format!(
+                "this grant is bound to the client certificate {bound:?}; connect over TLS with that certificate"
+            )));
+        }
+        let covered = self.catalog.get(dataset).ok().flatten().is_some_and(|record| record.id == grant.dataset_id);
+        if !covered {
+            return Err(denied(format!("this grant does not cover a dataset named {dataset:?}")));
+        }
+        tracing::debug!(grant = grant.id, client = grant.client, dataset, "open granted");
+        Ok(Some(grant.id))
+    }
+}

@@ -1,0 +1,84 @@
+//! The steering policy and the eBPF trace as the control API shows and
+//! swaps them (the BPF side is the node binary's, behind [`PolicyControl`]).
+
+use super::*;
+
+impl ControlPlane {
+    /// Sets where trace snapshots come from (the node's eBPF tracer).
+    pub fn set_trace_source(&self, source: TraceSource) {
+        if let Ok(mut trace) = self.trace.write() {
+            *trace = Some(source);
+        }
+    }
+
+    /// Sets what manages the steering policy (the node's eBPF steering).
+    pub fn set_policy_control(&self, control: Arc<dyn PolicyControl>) {
+        if let Ok(mut policy) = self.policy.write() {
+            *policy = Some(control);
+        }
+    }
+
+    pub(super) fn policy_control(&self) -> Result<Arc<dyn PolicyControl>, ControlError> {
+        self.policy.read().ok().and_then(|p| p.clone()).ok_or_else(|| ControlError::Steering(STEERING_OFF.into()))
+    }
+
+    /// The steering policy now, or why there is none.
+    pub fn policy(&self) -> serde_json::Value {
+        match self.policy_control() {
+            Ok(control) => control.show(),
+            Err(err) => serde_json::json!({ "available": false, "reason": err.to_string() }),
+        }
+    }
+
+    /// Whether operators may load policies at run time, and which objects.
+    pub fn set_policy_rules(&self, rules: PolicyRules) {
+        if let Ok(mut current) = self.policy_rules.write() {
+            *current = rules;
+        }
+    }
+
+    /// Swaps in the policy in `object`: only where the config allows
+    /// loading, only an object on the allowlist when there is one; the
+    /// steering side then checks what the object would do in the kernel.
+    pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, ControlError> {
+        let rules = self.policy_rules.read().map(|r| r.clone()).unwrap_or_default();
+        if !rules.load_enabled {
+            return Err(ControlError::PolicyLoadOff);
+        }
+        if object.is_empty() || object.len() > POLICY_OBJECT_BYTES_MAX {
+            return Err(ControlError::BadPolicy(format!(
+                "a policy object is 1 to {POLICY_OBJECT_BYTES_MAX} bytes; got {}",
+                object.len()
+            )));
+        }
+        if let Some(allowed) = &rules.allowlist {
+            use sha2::Digest;
+            let digest: [u8; 32] = sha2::Sha256::digest(object).into();
+            if !allowed.contains(&digest) {
+                return Err(ControlError::BadPolicy(format!(
+                    "object sha256:{} is not on this node's policy_allowlist",
+                    crate::hex::encode(&digest)
+                )));
+            }
+        }
+        let loaded = self.policy_control()?.load(name, object).map_err(ControlError::BadPolicy)?;
+        tracing::warn!(policy = name, "steering policy loaded through the control API");
+        Ok(loaded)
+    }
+
+    /// Detaches the steering policy.
+    pub fn unload_policy(&self) -> Result<serde_json::Value, ControlError> {
+        self.policy_control()?.unload().map_err(ControlError::Steering)
+    }
+
+    /// The current trace snapshot, or why there is none.
+    pub fn trace_snapshot(&self) -> serde_json::Value {
+        match self.trace.read().ok().and_then(|t| t.clone()) {
+            Some(source) => source(),
+            None => serde_json::json!({
+                "available": false,
+                "reason": "eBPF tracing is off: start sluiced with --ebpf (as root)",
+            }),
+        }
+    }
+}
