@@ -4,10 +4,10 @@
 //! real.
 
 pub mod admin_helper;
+pub mod cluster_loops;
 pub mod config;
 pub mod node;
 pub mod privilege;
-pub mod replicate;
 
 pub use config::NodeConfig;
 pub use node::Node;

@@ -399,9 +399,9 @@ impl Node {
                 std::time::Duration::from_secs(config.member_ttl_s.max(1)),
             )?;
             tracing::info!("joined the cluster: {}", control.catalog().describe());
-            tasks.push(control_runtime.spawn(crate::replicate::run(Arc::clone(&control), shutdown.subscribe())));
+            tasks.push(control_runtime.spawn(crate::cluster_loops::run(Arc::clone(&control), shutdown.subscribe())));
             tasks.push(
-                control_runtime.spawn(crate::replicate::refresh_grants(Arc::clone(&control), shutdown.subscribe())),
+                control_runtime.spawn(crate::cluster_loops::refresh_grants(Arc::clone(&control), shutdown.subscribe())),
             );
         }
         let rdma_addr = config.rdma_listen;

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{self, Caller, Refusal};
 use crate::catalog::CatalogError;
 use crate::ingest::{Appended, IngestFormat};
-use crate::node::{ControlError, ControlPlane};
 use crate::openapi::Contract;
+use crate::plane::{ControlError, ControlPlane};
 use crate::serve::PeerIdentity;
 use sluice_proto::api::DatasetKind;
 
@@ -94,7 +94,7 @@ pub fn router(control: Shared) -> Router {
             get(show_policy)
                 .put(load_policy)
                 .delete(unload_policy)
-                .layer(DefaultBodyLimit::max(crate::node::POLICY_OBJECT_BYTES_MAX)),
+                .layer(DefaultBodyLimit::max(crate::plane::POLICY_OBJECT_BYTES_MAX)),
         )
         .route("/v1/datasets", get(list).post(create))
         .route("/v1/datasets/{name}", get(stat).delete(remove))
@@ -106,7 +106,7 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/grants/{id}", axum::routing::delete(revoke_grant))
         .route(
             "/v1/datasets/{name}/index",
-            get(record_index).post(stage_index).layer(DefaultBodyLimit::max(crate::node::STAGED_INDEX_BYTES_MAX)),
+            get(record_index).post(stage_index).layer(DefaultBodyLimit::max(crate::plane::STAGED_INDEX_BYTES_MAX)),
         )
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&control), authorize))
         .route_layer(axum::middleware::from_fn_with_state(Arc::new(Limits::new()), bounded))
@@ -439,7 +439,7 @@ async fn metrics(State(control): State<Shared>) -> Result<impl IntoResponse, Api
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
-#[utoipa::path(get, path = "/v1/devices", tag = "operations", responses((status = 200, body = Vec<crate::node::DeviceReport>)))]
+#[utoipa::path(get, path = "/v1/devices", tag = "operations", responses((status = 200, body = Vec<crate::plane::DeviceReport>)))]
 async fn devices(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
     let devices = tokio::task::spawn_blocking(move || control.devices()).await.map_err(|e| internal(e.to_string()))?;
     Ok(Json(devices))
@@ -473,8 +473,8 @@ async fn purge_orphans(State(control): State<Shared>) -> Result<impl IntoRespons
     Ok(Json(Purged { files, bytes }))
 }
 
-#[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::node::ClusterStatus), (status = 409, body = ApiErrorBody)))]
-async fn cluster(State(control): State<Shared>) -> Result<Json<crate::node::ClusterStatus>, ApiError> {
+#[utoipa::path(get, path = "/v1/cluster", tag = "operations", responses((status = 200, body = crate::plane::ClusterStatus), (status = 409, body = ApiErrorBody)))]
+async fn cluster(State(control): State<Shared>) -> Result<Json<crate::plane::ClusterStatus>, ApiError> {
     let status = tokio::task::spawn_blocking(move || control.cluster_status())
         .await
         .map_err(|e| ApiError::from(ControlError::Cluster(e.to_string())))??;
@@ -654,7 +654,7 @@ async fn record_index(
             if at >= total {
                 return None;
             }
-            let count = (total - at).min(crate::node::INDEX_PIECE_ENTRIES);
+            let count = (total - at).min(crate::plane::INDEX_PIECE_ENTRIES);
             let piece = tokio::task::spawn_blocking(move || source.read(at, count))
                 .await
                 .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
@@ -723,7 +723,7 @@ async fn unload_policy(State(control): State<Shared>) -> Result<impl IntoRespons
 }
 
 /// Verifies every chunk of a sealed dataset as read through the data plane.
-#[utoipa::path(post, path = "/v1/datasets/{name}/scrub", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::node::ScrubReport), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 421, description = "No complete copy on this node (elsewhere): the message names the nodes that hold one", body = ApiErrorBody)))]
+#[utoipa::path(post, path = "/v1/datasets/{name}/scrub", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = crate::plane::ScrubReport), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 421, description = "No complete copy on this node (elsewhere): the message names the nodes that hold one", body = ApiErrorBody)))]
 async fn scrub(State(control): State<Shared>, ApiPath(name): ApiPath<String>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.scrub(&name).await?))
 }

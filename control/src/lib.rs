@@ -15,14 +15,14 @@ pub mod identity;
 pub mod index;
 pub mod ingest;
 pub mod metrics;
-mod node;
 pub mod nvme;
 pub mod openapi;
+mod plane;
 pub mod serve;
 pub mod tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
-pub use node::{
+pub use plane::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
     PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
 };

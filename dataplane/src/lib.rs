@@ -21,5 +21,7 @@ pub use dma::{Arena, SlotLease};
 pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
 };
-pub use engine::{BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError};
+pub use engine::{
+    AttachError, BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError,
+};
 pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -114,6 +114,15 @@ pub enum SubmitError {
     Shutdown,
 }
 
+/// Why a dataset could not be attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error("{attached_max} datasets are attached, the most the data plane holds at once")]
+    Full { attached_max: u32 },
+    #[error("the data plane is shutting down")]
+    Shutdown,
+}
+
 /// A batch of reads of one dataset.
 pub struct ReadBatch {
     pub dataset: DatasetSlot,
@@ -307,18 +316,16 @@ impl DataPlane {
     }
 
     /// Makes `view` readable on every core.
-    pub async fn attach(&self, view: Arc<DatasetView>) -> Result<DatasetSlot, SubmitError> {
+    pub async fn attach(&self, view: Arc<DatasetView>) -> Result<DatasetSlot, AttachError> {
         let slot = {
-            let mut in_use = self.slots_in_use.lock().map_err(|_| SubmitError::Shutdown)?;
-            let free = in_use
-                .iter()
-                .position(|used| !used)
-                .ok_or(SubmitError::TooLarge { slots_needed: DATASET_SLOTS_MAX + 1, capacity: DATASET_SLOTS_MAX })?;
+            let mut in_use = self.slots_in_use.lock().map_err(|_| AttachError::Shutdown)?;
+            let free =
+                in_use.iter().position(|used| !used).ok_or(AttachError::Full { attached_max: DATASET_SLOTS_MAX })?;
             in_use[free] = true;
             DatasetSlot { index: free as u32, generation: self.next_generation.fetch_add(1, Ordering::Relaxed) }
         };
         for tx in &self.senders {
-            tx.send(CoreMsg::Attach(slot, Arc::clone(&view))).await.map_err(|_| SubmitError::Shutdown)?;
+            tx.send(CoreMsg::Attach(slot, Arc::clone(&view))).await.map_err(|_| AttachError::Shutdown)?;
         }
         Ok(slot)
     }
