@@ -1,0 +1,252 @@
+//! Booting the rig: QEMU guests (their command lines, readiness, the
+//! controllers they came up with) or this machine's own devices.
+
+use super::*;
+
+impl Rig {
+    pub(super) fn boot_guests(spec: RigBuilder) -> Result<Self, RigError> {
+        let qemu = find_program("qemu-system-x86_64", "qemu-system-x86")?;
+        let root = rig_root();
+        let cache = root.join("cache");
+        let (kernel, initrd) = {
+            // Tests boot rigs in parallel; one of them fills the cache.
+            let _lock = lock_cache(&cache)?;
+            let kernel = kernel::fetch(&cache)?;
+            let initrd = initramfs::build(&kernel, &cache)?;
+            (kernel, initrd)
+        };
+        let run_dir = new_run_dir(&root, &spec.test)?;
+        let share = run_dir.join("share");
+        for host in [Host::Storage, Host::Training].into_iter().take(spec.hosts) {
+            let dir = share.join(host.name());
+            for sub in ["req", "run", "out"] {
+                std::fs::create_dir_all(dir.join(sub)).map_err(|e| RigError::io("creating the share", e))?;
+            }
+            let mut env = String::new();
+            if spec.hosts > 1 {
+                env += &format!("RIG_ADDR={}\n", host.wire_addr());
+                let peer = if host == Host::Storage { Host::Training } else { Host::Storage };
+                env += &format!("RIG_PEER_ADDR={}\nRIG_PEER_MAC={}\n", peer.wire_addr(), peer.wire_mac());
+            }
+            if spec.rdma {
+                env += "RIG_RDMA=1\n";
+            }
+            if host == Host::Storage && spec.hugepages > 0 {
+                env += &format!("RIG_HUGEPAGES={}\n", spec.hugepages);
+            }
+            std::fs::write(dir.join("env"), env).map_err(|e| RigError::io("writing a guest env", e))?;
+        }
+        std::fs::write(share.join("agent.sh"), include_str!("../../guest/agent.sh"))
+            .map_err(|e| RigError::io("writing the agent", e))?;
+
+        let wire_port = if spec.hosts > 1 { free_port()? } else { 0 };
+        let mut guests = Vec::new();
+        for host in [Host::Storage, Host::Training].into_iter().take(spec.hosts) {
+            let args = qemu_args(&spec, host, &kernel, &initrd, &run_dir, &share, wire_port)?;
+            guests.push(Guest::spawn(host.name(), &qemu, &args, &run_dir.join(format!("{}.console", host.name())))?);
+            if host == Host::Storage && spec.hosts > 1 {
+                // The training guest connects to the storage guest's end of
+                // the wire, which must be listening first.
+                wait_listening(wire_port, &mut guests[0], spec.boot_timeout)?;
+            }
+        }
+        let mut rig = Self {
+            spec,
+            backend: Backend::Guests { guests, share: share.clone() },
+            run_dir,
+            controllers: Vec::new(),
+            next_request: AtomicU64::new(0),
+        };
+        rig.wait_ready(&share)?;
+        rig.controllers = rig.find_controllers()?;
+        Ok(rig)
+    }
+
+    pub(super) fn wait_ready(&mut self, share: &Path) -> Result<(), RigError> {
+        let started = Instant::now();
+        let Backend::Guests { guests, .. } = &mut self.backend else { return Ok(()) };
+        for guest in guests.iter_mut() {
+            let ready = share.join(&guest.name).join("ready");
+            while !ready.exists() {
+                let waited = started.elapsed();
+                let failure = match guest.exited() {
+                    Some(status) => Some(format!("QEMU exited: {status}")),
+                    None if waited > self.spec.boot_timeout => Some("no answer from the agent".to_string()),
+                    None => None,
+                };
+                if let Some(reason) = failure {
+                    return Err(RigError::Boot {
+                        host: guest.name.clone(),
+                        seconds: waited.as_secs(),
+                        reason,
+                        log: guest.console_log.display().to_string(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the storage host's controllers by the serials the rig gave them.
+    pub(super) fn find_controllers(&self) -> Result<Vec<NvmeController>, RigError> {
+        if self.spec.nvme_controllers == 0 {
+            return Ok(Vec::new());
+        }
+        let listing = self.sh(
+            Host::Storage,
+            "for c in /sys/class/nvme/nvme*; do \
+               echo \"$(basename $c) $(cat $c/serial) $(basename $(readlink -f $c/device))\"; done",
+        )?;
+        let mut controllers = Vec::new();
+        for i in 0..self.spec.nvme_controllers {
+            let serial = format!("sluice{i}");
+            let line = listing.lines().find(|l| l.split_whitespace().nth(1) == Some(serial.as_str()));
+            let Some(line) = line else {
+                return Err(RigError::Command {
+                    what: "finding the rig's NVMe controllers".into(),
+                    status: 0,
+                    stderr: format!("no controller with serial {serial} in:\n{listing}"),
+                });
+            };
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            controllers.push(NvmeController { name: fields[0].to_string(), pci: fields[2].to_string() });
+        }
+        Ok(controllers)
+    }
+
+    pub(super) fn local(spec: RigBuilder, hw: Hardware) -> Result<Self, RigError> {
+        let run_dir = new_run_dir(&rig_root(), &spec.test)?;
+        let mut controllers = Vec::new();
+        for pci in &hw.nvme {
+            let dir = PathBuf::from("/sys/bus/pci/devices").join(pci).join("nvme");
+            let name = std::fs::read_dir(&dir)
+                .map_err(|e| RigError::io(&format!("SLUICE_HW_NVME names {pci}, which has no {}", dir.display()), e))?
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str().map(str::to_string))
+                .next()
+                .ok_or_else(|| RigError::Missing(Missing(format!("{pci} is not bound to the nvme driver"))))?;
+            controllers.push(NvmeController { pci: pci.clone(), name });
+        }
+        if controllers.len() < spec.nvme_controllers {
+            return Err(RigError::Missing(Missing(format!(
+                "the test needs {} NVMe controllers; SLUICE_HW_NVME names {}",
+                spec.nvme_controllers,
+                controllers.len()
+            ))));
+        }
+        if spec.rdma && hw.rdma.is_none() {
+            return Err(RigError::Missing(Missing("the test needs RDMA; SLUICE_HW_RDMA names no device".into())));
+        }
+        Ok(Self { spec, backend: Backend::Local(hw), run_dir, controllers, next_request: AtomicU64::new(0) })
+    }
+}
+
+pub(super) fn qemu_args(
+    spec: &RigBuilder,
+    host: Host,
+    kernel: &kernel::Kernel,
+    initrd: &Path,
+    run_dir: &Path,
+    share: &Path,
+    wire_port: u16,
+) -> Result<Vec<String>, RigError> {
+    let mut args: Vec<String> = Vec::new();
+    let mut push = |parts: &[&str]| args.extend(parts.iter().map(|s| s.to_string()));
+    let storage_with_nvme = host == Host::Storage && spec.nvme_controllers > 0;
+    push(&["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "1", "-nographic", "-no-reboot"]);
+    push(&["-m", &format!("{}M", spec.memory_mib)]);
+    let mut cmdline = format!("console=ttyS0 panic=-1 quiet rig.host={}", host.name());
+    if storage_with_nvme {
+        // A virtual IOMMU so vfio-pci (SPDK) can own a controller.
+        push(&["-machine", "q35,kernel-irqchip=split"]);
+        push(&["-device", "intel-iommu,intremap=on,caching-mode=on,aw-bits=48"]);
+        cmdline += " intel_iommu=on";
+    }
+    push(&["-kernel", &kernel.vmlinuz.display().to_string(), "-initrd", &initrd.display().to_string()]);
+    push(&["-append", &cmdline]);
+    push(&["-fsdev", "local,id=hr,path=/,security_model=none,readonly=on,multidevs=remap"]);
+    push(&["-device", "virtio-9p-pci,fsdev=hr,mount_tag=hostroot"]);
+    push(&["-fsdev", &format!("local,id=rs,path={},security_model=none", share.display())]);
+    push(&["-device", "virtio-9p-pci,fsdev=rs,mount_tag=rigshare"]);
+    if spec.hosts > 1 {
+        let end = match host {
+            Host::Storage => format!("listen=127.0.0.1:{wire_port}"),
+            Host::Training => format!("connect=127.0.0.1:{wire_port}"),
+        };
+        push(&["-netdev", &format!("socket,id=wire,{end}")]);
+        push(&["-device", &format!("virtio-net-pci,netdev=wire,mac={}", host.wire_mac())]);
+    }
+    if storage_with_nvme {
+        let images = run_dir.join("images");
+        std::fs::create_dir_all(&images).map_err(|e| RigError::io("creating the NVMe images directory", e))?;
+        for c in 0..spec.nvme_controllers {
+            push(&["-device", &format!("nvme-subsys,id=subsys{c},nqn=nqn.2026-11.io.sluice:subsys{c}")]);
+            push(&["-device", &format!("nvme,serial=sluice{c},id=nvme{c},subsys=subsys{c}")]);
+            for n in 1..=spec.namespaces_each {
+                let image = images.join(format!("c{c}n{n}.img"));
+                let file = std::fs::File::create(&image).map_err(|e| RigError::io("creating an NVMe image", e))?;
+                // Sparse: the image costs only what the guest writes.
+                file.set_len(spec.namespace_mib << 20).map_err(|e| RigError::io("sizing an NVMe image", e))?;
+                let detached = n + spec.detached_each > spec.namespaces_each;
+                push(&["-drive", &format!("file={},if=none,id=c{c}n{n},format=raw,discard=unmap", image.display())]);
+                push(&[
+                    "-device",
+                    &format!(
+                        // shared=off: a namespace of this host alone (NMIC 0),
+                        // which is all the node will attach.
+                        "nvme-ns,drive=c{c}n{n},bus=nvme{c},nsid={n},shared=off{}",
+                        if detached { ",detached=on" } else { "" }
+                    ),
+                ]);
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// Waits until QEMU listens on `port` (read from /proc/net/tcp, so no probe
+/// connection takes the one the other guest needs).
+pub(super) fn wait_listening(port: u16, guest: &mut Guest, limit: Duration) -> Result<(), RigError> {
+    let started = Instant::now();
+    let needle = format!(":{port:04X} 00000000:0000 0A");
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if table.lines().any(|line| line.contains(&needle)) {
+            return Ok(());
+        }
+        let reason = match guest.exited() {
+            Some(status) => Some(format!("QEMU exited: {status}")),
+            None if started.elapsed() > limit => Some(format!("QEMU never listened on port {port}")),
+            None => None,
+        };
+        if let Some(reason) = reason {
+            return Err(RigError::Boot {
+                host: guest.name.clone(),
+                seconds: started.elapsed().as_secs(),
+                reason,
+                log: guest.console_log.display().to_string(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An exclusive lock on the cache, across threads and processes (flock
+/// locks belong to each open of the file).
+pub(super) fn lock_cache(cache: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, RigError> {
+    std::fs::create_dir_all(cache).map_err(|e| RigError::io("creating the rig cache", e))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(cache.join("lock"))
+        .map_err(|e| RigError::io("opening the cache lock", e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| RigError::io("locking the rig cache", errno.into()))
+}
+
+pub(super) fn free_port() -> Result<u16, RigError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| RigError::io("finding a free port", e))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| RigError::io("finding a free port", e))
+}

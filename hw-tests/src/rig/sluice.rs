@@ -1,0 +1,88 @@
+//! sluice in the rig: its binaries, files shared with the guests, and a
+//! `sluiced` started on the storage host.
+
+use super::*;
+
+impl Rig {
+    /// A release binary of the sluice workspace (built once per test
+    /// process), at a path every guest sees too: the host's root is theirs.
+    pub fn sluice_binary(&self, name: &str) -> Result<String, RigError> {
+        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+        let built = BUILT.get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            Command::new(cargo)
+                .args(["build", "--release", "-p", "sluice", "--bins", "--features", "rdma"])
+                .current_dir(workspace_root())
+                .status()
+                .map_err(|e| e.to_string())
+                .and_then(|s| if s.success() { Ok(()) } else { Err(format!("cargo build: {s}")) })
+        });
+        built.clone().map_err(|e| RigError::Command { what: "building sluice".into(), status: -1, stderr: e })?;
+        let path = target_dir().join("release").join(name);
+        if !path.is_file() {
+            return Err(RigError::Missing(Missing(format!("{} was not built", path.display()))));
+        }
+        Ok(path.display().to_string())
+    }
+
+    /// The directory both this process and the hosts see (`/rig` in the
+    /// guests): as a path here, and as the hosts name it.
+    pub fn shared_dir(&self) -> (PathBuf, String) {
+        match &self.backend {
+            Backend::Guests { share, .. } => (share.clone(), "/rig".to_string()),
+            Backend::Local(_) => (self.run_dir.clone(), self.run_dir.display().to_string()),
+        }
+    }
+
+    /// Writes a file into the shared directory; returns its path in the hosts.
+    pub fn share_file(&self, name: &str, bytes: &[u8]) -> Result<String, RigError> {
+        let (here, there) = self.shared_dir();
+        std::fs::write(here.join(name), bytes).map_err(|e| RigError::io("writing a shared file", e))?;
+        Ok(format!("{there}/{name}"))
+    }
+
+    /// A scratch directory on a host's own (non-shared) filesystem.
+    /// Starts `sluiced` on the storage host (one core, data under its
+    /// scratch directory, log `sluiced.log` in the shared directory, pid in
+    /// `<scratch>/sluiced.pid`) serving on `addr` with the ports in
+    /// [`SLUICE_DATA_PORT`] and [`SLUICE_CONTROL_PORT`], and waits until its
+    /// control API is up.
+    pub fn start_sluiced(&self, addr: &str, args: &str) -> Result<(), RigError> {
+        self.start_sluiced_binary(&self.sluice_binary("sluiced")?, addr, args)
+    }
+
+    /// As [`Rig::start_sluiced`], with a `sluiced` built some other way
+    /// (another feature set).
+    pub fn start_sluiced_binary(&self, sluiced: &str, addr: &str, args: &str) -> Result<(), RigError> {
+        let (_, shared) = self.shared_dir();
+        let scratch = self.scratch_dir(Host::Storage);
+        self.sh(
+            Host::Storage,
+            &format!(
+                "mkdir -p {scratch}/data; setsid {sluiced} --data-dir {scratch}/data --cores 1 \
+                 --listen {addr}:{SLUICE_DATA_PORT} --control {addr}:{SLUICE_CONTROL_PORT} {args} \
+                 > {shared}/sluiced.log 2>&1 & echo $! > {scratch}/sluiced.pid"
+            ),
+        )?;
+        let ready = self.exec_with(
+            Host::Storage,
+            &format!(
+                "while kill -0 $(cat {scratch}/sluiced.pid) 2>/dev/null; do \
+                   grep -q 'control API on' {shared}/sluiced.log && exit 0; sleep 0.2; done; \
+                 cat {shared}/sluiced.log; exit 1"
+            ),
+            Duration::from_secs(120),
+        )?;
+        if !ready.success() {
+            return Err(RigError::Command { what: "starting sluiced".into(), status: 1, stderr: ready.stdout });
+        }
+        Ok(())
+    }
+
+    pub fn scratch_dir(&self, host: Host) -> String {
+        match &self.backend {
+            Backend::Guests { .. } => format!("/root/rig-{}", host.name()),
+            Backend::Local(_) => self.run_dir.join(format!("scratch-{}", host.name())).display().to_string(),
+        }
+    }
+}
