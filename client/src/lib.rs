@@ -2,6 +2,11 @@
 //! dataset by name, and read batches of `(offset, len, dest)` ranges into
 //! your own buffer in one call.
 //!
+//! It depends on `sluice-proto` and `sluice-transport` alone of sluice's
+//! crates, never on the node's (data plane, control plane, servers): the
+//! Python wheel links it, and `scripts/check-layout.sh` fails if it ever
+//! links the node.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), sluice_client::ClientError> {
 //! let client = sluice_client::Client::connect("http://127.0.0.1:7070").await?;

@@ -1,6 +1,10 @@
 //! The control plane of a node: the catalog of datasets and their
 //! namespaces, ingest and sealing, the HTTP/JSON API `sluicectl` speaks, and
 //! the resolver the data-plane transports open datasets through.
+//!
+//! It is the node's: nothing a training host links (the client, the
+//! transports, `sluicectl`) may depend on it; the API's types live in
+//! `sluice-proto` so they need not. Its map is `control/README.md`.
 
 pub mod api;
 pub mod auth;

@@ -5,6 +5,9 @@
 //! [`ReadBatch`] to a core through [`DataPlane::submit`] and gets a
 //! [`BatchResult`] back whose bytes still live in the core's DMA buffers, so
 //! the transport can send them without a copy.
+//!
+//! Of sluice's crates it depends on `sluice-proto` alone (statuses, chunk
+//! geometry, the lane type); transports, catalog and API sit above it.
 
 pub mod blocks;
 pub mod dataset;

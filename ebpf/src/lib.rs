@@ -1,5 +1,6 @@
 //! eBPF for the data plane: C programs under `bpf/` attached as uprobes to
-//! the probe ABI (`sluice_dataplane::probe`), loaded with aya.
+//! the probe ABI (`sluice_dataplane::probe`), loaded with aya. It depends
+//! on the data plane (for that ABI) and nothing above it.
 //!
 //! `trace.bpf.c` keeps per (dataset, lane) counters, log2 histograms of
 //! range size and batch latency, and a ring buffer of slow batches. The
