@@ -101,35 +101,38 @@ impl AdminHelper {
     }
 
     /// Sends `request` and waits for its reply (one at a time: the lock
-    /// pairs each request with its reply).
+    /// pairs each request with its reply). A send or receive that fails,
+    /// or a reply that does not come in time, closes the link for good:
+    /// a late reply would otherwise answer the next request.
     fn call(&self, request: &Request) -> io::Result<(Reply, Vec<OwnedFd>)> {
         let bytes = encode(request).map_err(io::Error::other)?;
         let mut link = self.link.lock().map_err(|_| io::Error::other("the helper's lock is poisoned"))?;
         let Link { socket, buf, .. } = &mut *link;
-        let socket = socket.as_ref().ok_or_else(|| io::Error::other("the helper is stopped"))?;
-        send(socket.as_fd(), &bytes, &[]).map_err(gone)?;
-        let (n, fds) = receive(socket.as_fd(), buf).map_err(gone)?;
-        if n == 0 {
-            return Err(gone(io::Error::from(io::ErrorKind::UnexpectedEof)));
+        let open = socket.as_ref().ok_or_else(|| io::Error::other("the helper is stopped"))?;
+        let exchanged = send(open.as_fd(), &bytes, &[]).and_then(|()| receive(open.as_fd(), buf));
+        let (n, fds) = match exchanged {
+            Ok((0, _)) => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            other => other,
         }
+        .inspect_err(|_| drop(socket.take()))
+        .map_err(gone)?;
         let reply = decode::<Reply>(&buf[..n]).map_err(io::Error::other)?;
         Ok((reply, fds))
     }
 
-    /// Asks about `controller`, expecting a reply `accept` takes.
+    /// Asks about `controller`, expecting a reply `accept` takes (it hands
+    /// back any other).
     fn ask<T>(
         &self,
         controller: &Path,
         request: impl FnOnce(u16) -> Request,
-        accept: impl FnOnce(Reply, Vec<OwnedFd>) -> Option<T>,
+        accept: impl FnOnce(Reply, Vec<OwnedFd>) -> Result<T, Reply>,
     ) -> io::Result<T> {
         let (reply, fds) = self.call(&request(self.index(controller)?))?;
         match reply {
             Reply::Failed(why) => Err(io::Error::other(why)),
-            other => {
-                let shown = format!("{other:?}");
-                accept(other, fds).ok_or_else(|| io::Error::other(format!("unexpected reply from the helper: {shown}")))
-            }
+            other => accept(other, fds)
+                .map_err(|unexpected| io::Error::other(format!("unexpected reply from the helper: {unexpected:?}"))),
         }
     }
 }
@@ -144,8 +147,8 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::ManagesNamespaces { controller },
             |r, _| match r {
-                Reply::Flag(flag) => Some(flag),
-                _ => None,
+                Reply::Flag(flag) => Ok(flag),
+                other => Err(other),
             },
         )
     }
@@ -155,14 +158,18 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::Create { controller, bytes },
             |r, _| match r {
-                Reply::Nsid(nsid) => Some(nsid),
-                _ => None,
+                Reply::Nsid(nsid) => Ok(nsid),
+                other => Err(other),
             },
         )
     }
 
     fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()> {
-        self.ask(controller, |controller| Request::Delete { controller, nsid }, |r, _| (r == Reply::Done).then_some(()))
+        self.ask(
+            controller,
+            |controller| Request::Delete { controller, nsid },
+            |r, _| if r == Reply::Done { Ok(()) } else { Err(r) },
+        )
     }
 
     fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>> {
@@ -170,8 +177,8 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::Namespaces { controller },
             |r, _| match r {
-                Reply::Namespaces(list) => Some(list),
-                _ => None,
+                Reply::Namespaces(list) => Ok(list),
+                other => Err(other),
             },
         )
     }
@@ -181,8 +188,8 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::Identity { controller, nsid },
             |r, _| match r {
-                Reply::Identity(identity) => Some(identity),
-                _ => None,
+                Reply::Identity(identity) => Ok(identity),
+                other => Err(other),
             },
         )
     }
@@ -192,14 +199,18 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::Attach { controller, nsid },
             |r, _| match r {
-                Reply::Attached(device) => Some(device),
-                _ => None,
+                Reply::Attached(device) => Ok(device),
+                other => Err(other),
             },
         )
     }
 
     fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()> {
-        self.ask(controller, |controller| Request::Detach { controller, nsid }, |r, _| (r == Reply::Done).then_some(()))
+        self.ask(
+            controller,
+            |controller| Request::Detach { controller, nsid },
+            |r, _| if r == Reply::Done { Ok(()) } else { Err(r) },
+        )
     }
 
     fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice> {
@@ -207,13 +218,13 @@ impl KernelAdmin for AdminHelper {
             controller,
             |controller| Request::Open { controller, nsid },
             |r, fds| match (r, <[OwnedFd; 2]>::try_from(fds)) {
-                (Reply::Opened { path, capacity_bytes }, Ok([control, direct])) => Some(HeldDevice {
+                (Reply::Opened { path, capacity_bytes }, Ok([control, direct])) => Ok(HeldDevice {
                     path,
                     control: Arc::new(control.into()),
                     direct: Arc::new(direct.into()),
                     capacity_bytes,
                 }),
-                _ => None,
+                (other, _) => Err(other),
             },
         )
     }

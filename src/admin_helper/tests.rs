@@ -33,6 +33,9 @@ impl KernelAdmin for Stand {
         ])
     }
     fn namespace_identity(&self, _: &Path, nsid: u32) -> io::Result<String> {
+        if nsid == SLOW_NSID {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+        }
         Ok(format!("id-{nsid}"))
     }
     fn attach(&self, _: &Path, _: u32) -> io::Result<PathBuf> {
@@ -57,6 +60,8 @@ impl KernelAdmin for Stand {
 }
 
 const CONTROLLER: &str = "/dev/nvme-stand-in";
+/// A namespace whose identify outlasts the node's patience.
+const SLOW_NSID: u32 = 9;
 
 /// A helper serving `stand` on a thread, and the node's end of it.
 fn helper(stand: Arc<Stand>) -> (AdminHelper, std::thread::JoinHandle<Result<(), String>>) {
@@ -151,4 +156,23 @@ fn a_gone_helper_is_an_error() {
     let helper = AdminHelper::over(ours, vec![PathBuf::from(CONTROLLER)]);
     let err = helper.namespaces(Path::new(CONTROLLER)).expect_err("gone");
     assert!(err.to_string().contains("the NVMe admin helper is gone"), "{err}");
+}
+
+/// A reply that comes too late must never answer the next request: the
+/// node gives the helper up instead of reading replies one behind.
+#[test]
+fn a_late_reply_never_answers_the_next_request() {
+    let (_dir, stand) = stand();
+    let (helper, _thread) = helper(stand);
+    {
+        let link = helper.link.lock().expect("lock");
+        let socket = link.socket.as_ref().expect("socket");
+        let patience = nix::sys::time::TimeVal::new(0, 100_000);
+        socket::setsockopt(socket, socket::sockopt::ReceiveTimeout, &patience).expect("timeout");
+    }
+    let err = helper.namespace_identity(Path::new(CONTROLLER), SLOW_NSID).expect_err("too slow");
+    assert!(err.to_string().contains("gone or stuck"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let next = helper.namespace_identity(Path::new(CONTROLLER), 1);
+    assert!(next.is_err(), "the late reply answered the next request: {next:?}");
 }
