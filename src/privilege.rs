@@ -39,7 +39,7 @@ pub fn drop_to(user: &str, data_dir: &Path) -> Result<(), String> {
     hand_over(data_dir, account.uid, account.gid)?;
     // Capabilities survive setuid only with keep-caps set; make sure not.
     nix::sys::prctl::set_keepcaps(false).map_err(|e| format!("prctl(PR_SET_KEEPCAPS): {e}"))?;
-    drop_bounding_set()?;
+    drop_bounding_set_except(&[])?;
     setgroups(&[account.gid]).map_err(|e| format!("setgroups: {e}"))?;
     setgid(account.gid).map_err(|e| format!("setgid: {e}"))?;
     // glibc applies setuid to every thread of the process.
@@ -52,11 +52,13 @@ pub fn drop_to(user: &str, data_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Empties this thread's capability bounding set, so nothing it runs
-/// could gain a capability back (the deploy unit's
-/// `CapabilityBoundingSet=` does this for the whole process).
-fn drop_bounding_set() -> Result<(), String> {
-    for cap in 0..64 {
+/// Empties this thread's capability bounding set but for `keep`, so
+/// nothing it runs could gain another capability back (the deploy unit's
+/// `CapabilityBoundingSet=` does this for the whole process). It walks
+/// every number the kernel knows, not a list of names, so a capability
+/// newer than this build goes too.
+pub fn drop_bounding_set_except(keep: &[u8]) -> Result<(), String> {
+    for cap in (0..64u8).filter(|cap| !keep.contains(cap)) {
         // SAFETY: PR_CAPBSET_DROP takes a capability number and reads no
         // memory; numbers past the kernel's last capability fail EINVAL.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };

@@ -64,9 +64,7 @@ fn run(controllers: &[PathBuf]) -> Result<(), String> {
 fn keep_only_sys_admin() -> Result<(), String> {
     use caps::{CapSet, Capability, CapsHashSet};
     let keep: CapsHashSet = [Capability::CAP_SYS_ADMIN].into_iter().collect();
-    for cap in caps::all().into_iter().filter(|cap| !keep.contains(cap)) {
-        caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
-    }
+    crate::privilege::drop_bounding_set_except(&[Capability::CAP_SYS_ADMIN.index()])?;
     caps::clear(None, CapSet::Ambient).map_err(|e| format!("clearing ambient capabilities: {e}"))?;
     caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing inheritable capabilities: {e}"))?;
     caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("setting effective capabilities: {e}"))?;
