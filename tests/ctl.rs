@@ -23,6 +23,9 @@ fn each_kind_of_failure_has_its_exit_code() {
 
     let unknown = node.ctl(&["dataset", "stat", "no-such-dataset"]);
     assert_eq!(code(&unknown), Some(3), "the node refuses: {}", stderr(&unknown));
+    // Refused on the data port, not the control API: the same code.
+    let unknown_read = node.ctl(&["read", "no-such-dataset", "--offset", "0", "--len", "1"]);
+    assert_eq!(code(&unknown_read), Some(3), "the open is refused: {}", stderr(&unknown_read));
     let anonymous = node.ctl_anonymous(&["dataset", "ls"]);
     assert_eq!(code(&anonymous), Some(3), "no operator token: {}", stderr(&anonymous));
 

@@ -41,7 +41,11 @@ impl Client {
             .thread_name("sluice-client")
             .enable_all()
             .build()
-            .map_err(|e| ClientError::Control { endpoint: endpoint.to_string(), message: format!("runtime: {e}") })?;
+            .map_err(|e| ClientError::Control {
+                endpoint: endpoint.to_string(),
+                message: format!("runtime: {e}"),
+                status: None,
+            })?;
         let inner = runtime.block_on(async {
             match (choice, tls_files) {
                 (Some(choice), Some(files)) => crate::Client::connect_tls(endpoint, choice, files).await,

@@ -32,7 +32,8 @@ use sluice_proto::geometry::{footprint_bound_bytes, whole_chunks_within};
 use sluice_proto::wire::RangeDescriptor;
 pub use sluice_proto::NodeInfo;
 use sluice_proto::OpenInfo;
-use sluice_transport::tcp::TransportError;
+/// What [`ClientError::Transport`] carries.
+pub use sluice_transport::tcp::TransportError;
 pub use sluice_transport::tls::ClientTlsFiles;
 use zerocopy_le::{U32, U64};
 
@@ -59,8 +60,10 @@ pub struct ReadRange {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The control API refused or failed; `status` is its HTTP status
+    /// when it answered at all.
     #[error("control API {endpoint}: {message}")]
-    Control { endpoint: String, message: String },
+    Control { endpoint: String, message: String, status: Option<u16> },
     #[error("{0}")]
     Transport(#[from] TransportError),
     #[error("range {index} ({len} bytes at dest {dest}) does not fit the {buf_len}-byte buffer")]
@@ -110,11 +113,11 @@ async fn http_get_bytes(http: &ControlHttp, path: String) -> Result<Vec<u8>, Cli
     let endpoint = http.endpoint().to_string();
     tokio::task::spawn_blocking(move || http.get_bytes(&path).map_err(|e| control_error(http.endpoint(), e)))
         .await
-        .map_err(|e| ClientError::Control { endpoint, message: e.to_string() })?
+        .map_err(|e| ClientError::Control { endpoint, message: e.to_string(), status: None })?
 }
 
 fn control_error(endpoint: &str, failure: http::ApiFailure) -> ClientError {
-    ClientError::Control { endpoint: endpoint.to_string(), message: failure.to_string() }
+    ClientError::Control { endpoint: endpoint.to_string(), status: failure.status, message: failure.to_string() }
 }
 
 impl Client {
@@ -133,8 +136,11 @@ impl Client {
     /// trust (for `https://` endpoints and TLS data ports) comes from
     /// `SLUICE_CA_FILE`, `SLUICE_CERT_FILE` and `SLUICE_KEY_FILE`.
     pub async fn connect_with(endpoint: &str, choice: TransportChoice) -> Result<Self, ClientError> {
-        let tls_files = http::tls_files_from_env()
-            .map_err(|message| ClientError::Control { endpoint: endpoint.to_string(), message })?;
+        let tls_files = http::tls_files_from_env().map_err(|message| ClientError::Control {
+            endpoint: endpoint.to_string(),
+            message,
+            status: None,
+        })?;
         Self::connect_tls(endpoint, choice, tls_files).await
     }
 
@@ -151,7 +157,11 @@ impl Client {
             asking.get_json("/v1/node").map_err(|e| control_error(asking.endpoint(), e))
         })
         .await
-        .map_err(|e| ClientError::Control { endpoint: endpoint.clone(), message: e.to_string() })??;
+        .map_err(|e| ClientError::Control {
+            endpoint: endpoint.clone(),
+            message: e.to_string(),
+            status: None,
+        })??;
         let name = format!("sluice-client/{} pid {}", env!("CARGO_PKG_VERSION"), std::process::id());
         let data_tls = if node.data_tls {
             Some(transport::data_tls(&node, &tls_files).map_err(|e| control_error(&endpoint, e))?)
@@ -290,6 +300,7 @@ impl Dataset {
                     return Err(ClientError::Control {
                         endpoint: endpoint.clone(),
                         message: format!("serves other content for {} ({})", self.name, info.content_hash),
+                        status: None,
                     });
                 }
                 let http = client.http.clone().with_bearer(self.token.as_deref());
@@ -312,6 +323,7 @@ impl Dataset {
         Err(last.unwrap_or_else(|| ClientError::Control {
             endpoint: failed.endpoint().to_string(),
             message: format!("lost ({cause}) and no other node holds {}", self.name),
+            status: None,
         }))
     }
 

@@ -63,11 +63,20 @@ impl From<ApiFailure> for CtlError {
 }
 
 impl From<ClientError> for CtlError {
+    /// The node's refusals (a 4xx from the control API, a refused open on
+    /// the data port) are refusals wherever they came from; the rest is
+    /// the node or the path to it failing.
     fn from(err: ClientError) -> Self {
-        match err {
+        use sluice_client::TransportError;
+        use sluice_proto::ErrorCode;
+        match &err {
             ClientError::Destination { .. } => Self::Usage(err.to_string()),
-            // The control API's own words, refusals included.
-            ClientError::Control { .. } => Self::Refused(err.to_string()),
+            ClientError::Control { status: Some(400..=499), .. } => Self::Refused(err.to_string()),
+            ClientError::Transport(TransportError::Refused { code, .. })
+                if !matches!(code, ErrorCode::Internal | ErrorCode::Busy) =>
+            {
+                Self::Refused(err.to_string())
+            }
             _ => Self::Unavailable(err.to_string()),
         }
     }

@@ -79,6 +79,7 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
         return Err(ClientError::Control {
             endpoint: String::new(),
             message: format!("read size {size} does not fit the {length}-byte dataset"),
+            status: None,
         });
     }
     let align = params.align_bytes.max(1);
@@ -133,8 +134,11 @@ pub async fn run(dataset: Arc<Dataset>, params: BenchParams) -> Result<BenchRepo
     }
     let mut total = Tally { histogram: new_histogram(), reads: 0, bytes: 0, failed: 0, mismatched: 0 };
     for worker in workers {
-        let tally =
-            worker.await.map_err(|e| ClientError::Control { endpoint: String::new(), message: e.to_string() })??;
+        let tally = worker.await.map_err(|e| ClientError::Control {
+            endpoint: String::new(),
+            message: e.to_string(),
+            status: None,
+        })??;
         let _ = total.histogram.add(&tally.histogram);
         total.reads += tally.reads;
         total.bytes += tally.bytes;
