@@ -76,10 +76,6 @@ impl Controller {
         Ok(Self { path: path.to_path_buf(), file })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Runs an admin command with a one-page data buffer; its result
     /// (completion dword 0).
     fn admin(&self, cmd: &mut PassthruCmd, page: &mut [u8; PAGE_BYTES]) -> io::Result<u32> {
@@ -200,7 +196,7 @@ impl Controller {
         self.attachment(nsid, false)?;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(device) = self.block_device(nsid) {
+            if let Some(device) = block_device(&self.path, nsid) {
                 return Ok(device);
             }
             if Instant::now() > deadline {
@@ -226,12 +222,6 @@ impl Controller {
     /// Detaches `nsid` from this controller; it returns to the pool.
     pub fn detach(&self, nsid: u32) -> io::Result<()> {
         self.attachment(nsid, true)
-    }
-
-    /// The block device of namespace `nsid` of this controller
-    /// ([`block_device`]).
-    pub fn block_device(&self, nsid: u32) -> Option<PathBuf> {
-        block_device(&self.path, nsid)
     }
 }
 
