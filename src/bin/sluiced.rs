@@ -71,6 +71,10 @@ struct Args {
     /// policy decides; 0 for a single (bulk) lane.
     #[arg(long, value_name = "BYTES")]
     latency_lane_max_bytes: Option<u64>,
+    /// Microseconds a data-plane core that just did work polls before it
+    /// sleeps; 0 sleeps at once.
+    #[arg(long, value_name = "MICROSECONDS")]
+    poll_window_us: Option<u64>,
     /// No access control (local development only): the control API checks
     /// no credential, any client that reaches the data port reads any
     /// sealed dataset, and listeners off loopback need no TLS.
@@ -187,6 +191,9 @@ fn main() -> ExitCode {
     }
     if let Some(bytes) = args.latency_lane_max_bytes {
         config.latency_lane_max_bytes = bytes;
+    }
+    if let Some(us) = args.poll_window_us {
+        config.poll_window_us = us;
     }
     config.insecure |= args.insecure;
     config.data_tls |= args.data_tls;

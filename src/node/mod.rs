@@ -9,7 +9,8 @@ use std::sync::Arc;
 use sluice_control::{api, CatalogChoice, ControlPlane, Resolver};
 use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
 use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
-use sluice_serve::tcp::{serve, ServerConfig};
+use sluice_serve::tcp::serve;
+use sluice_serve::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -137,6 +138,7 @@ impl Node {
             queue_depth: config.queue_depth,
             verify_chunks: config.verify_chunks,
             latency_batch_bytes_max: config.latency_lane_max_bytes,
+            poll_window: std::time::Duration::from_micros(config.poll_window_us),
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);

@@ -76,6 +76,12 @@ pub struct DataPlaneConfig {
     /// Verify every read: each 4 KiB block it covers against the dataset's
     /// block checksums.
     pub verify_chunks: bool,
+    /// How long a core that did work keeps polling its inbox and queue
+    /// before it sleeps (see `core::poll`); zero parks at once. Off by
+    /// default: polling pays only where a core has a CPU to itself, and
+    /// where the node's other threads share the core's CPU it takes their
+    /// time (see `NodeConfig::poll_window_us`).
+    pub poll_window: std::time::Duration,
 }
 
 impl Default for DataPlaneConfig {
@@ -90,6 +96,7 @@ impl Default for DataPlaneConfig {
             latency_batch_bytes_max: 512 * 1024,
             inbox_depth: 1024,
             verify_chunks: true,
+            poll_window: std::time::Duration::ZERO,
         }
     }
 }

@@ -40,23 +40,29 @@ fn assert_batch_exact(data: &[u8], ranges: &[ByteRange], result: &BatchResult) {
 }
 
 /// Random unaligned batches read back byte-exact through io_uring with
-/// O_DIRECT on a real file, and through the memory backend.
+/// O_DIRECT on a real file, and through the memory backend; with cores
+/// that sleep at once and cores that poll after work (which must still
+/// stop when the plane shuts down).
 #[test]
 fn reads_are_byte_exact_on_both_backends() {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
     let data: Vec<u8> = (0..3_000_001).map(|_| rng.gen()).collect();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("ns");
-    let drivers: [(Arc<dyn BlockDriver>, NamespaceSpec); 2] = [
-        (Arc::new(UringDriver::new(IoMode::Direct)), NamespaceSpec::File { path, create: true }),
-        (Arc::new(MemDriver), NamespaceSpec::Mem),
-    ];
-    for (driver, spec) in drivers {
+    let drivers = |path: &std::path::Path| -> [(Arc<dyn BlockDriver>, NamespaceSpec); 2] {
+        [
+            (Arc::new(UringDriver::new(IoMode::Direct)), NamespaceSpec::File { path: path.into(), create: true }),
+            (Arc::new(MemDriver), NamespaceSpec::Mem),
+        ]
+    };
+    let windows = [std::time::Duration::ZERO, std::time::Duration::from_millis(2)];
+    for (poll_window, (driver, spec)) in windows.into_iter().flat_map(|w| drivers(&path).map(|d| (w, d))) {
         let ns = driver.open_namespace(&spec).expect("namespace");
         ns.write_at(0, &data).expect("write");
         ns.truncate(data.len() as u64).expect("truncate");
         ns.sync().expect("sync");
-        let plane = DataPlane::start(Arc::clone(&driver), small_config()).expect("start");
+        let plane =
+            DataPlane::start(Arc::clone(&driver), DataPlaneConfig { poll_window, ..small_config() }).expect("start");
         let view = DatasetView {
             dataset_id: 1,
             namespace: ns,

@@ -5,9 +5,11 @@
 mod admission;
 mod complete;
 mod inflight;
+mod poll;
 
 use super::*;
 use inflight::ActiveBatch;
+use poll::PollWindow;
 
 pub(super) struct CoreEngine {
     id: usize,
@@ -34,6 +36,7 @@ pub(super) struct CoreEngine {
     verify_chunks: bool,
     /// Origin of probe timestamps.
     clock: std::time::Instant,
+    poll: PollWindow,
     stopping: bool,
 }
 
@@ -70,6 +73,7 @@ impl CoreEngine {
             batches_waiting_max: config.batches_waiting_max.max(1),
             verify_chunks: config.verify_chunks,
             clock: std::time::Instant::now(),
+            poll: PollWindow::new(config.poll_window),
             stopping: false,
         }
     }
@@ -78,7 +82,7 @@ impl CoreEngine {
         tracing::debug!(core = self.id, "data-plane core started");
         loop {
             self.pool.reclaim();
-            self.drain_inbox();
+            let handled = self.drain_inbox();
             self.admit_waiting();
             self.push_units();
             if let Err(err) = self.queue.flush() {
@@ -89,6 +93,14 @@ impl CoreEngine {
             let in_flight = self.queue.in_flight() > 0;
             if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
                 break;
+            }
+            let now = std::time::Instant::now();
+            if handled + reaped > 0 {
+                self.poll.worked(now);
+            } else if self.poll.keep_polling(now) && !self.stopping {
+                // Busy a moment ago: look again rather than sleep.
+                std::thread::yield_now();
+                continue;
             }
             if in_flight {
                 if reaped == 0 {
@@ -143,20 +155,22 @@ impl CoreEngine {
         self.parked.store(false, Ordering::SeqCst);
     }
 
-    fn drain_inbox(&mut self) {
-        for _ in 0..INBOX_DRAIN_MAX {
+    /// Handles what the inbox holds (a bounded number); returns how many.
+    fn drain_inbox(&mut self) -> usize {
+        for handled in 0..INBOX_DRAIN_MAX {
             if self.waiting_count() >= self.batches_waiting_max {
-                return;
+                return handled;
             }
             match self.inbox.try_recv() {
                 Ok(msg) => self.handle(msg),
-                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Empty) => return handled,
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     self.stopping = true;
-                    return;
+                    return handled;
                 }
             }
         }
+        INBOX_DRAIN_MAX
     }
 
     fn handle(&mut self, msg: CoreMsg) {
