@@ -48,21 +48,6 @@ pub async fn read_frame_header<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-/// The request that opens dataset `name` (with a grant's token).
-pub(crate) fn open_request(name: &str, token: Option<String>) -> sluice_proto::ControlMessage {
-    sluice_proto::ControlMessage::Open { name: name.to_string(), token: token.map(sluice_proto::codec::Secret::new) }
-}
-
-/// The handle and dataset facts from the node's answer to an open.
-pub(crate) fn opened(
-    reply: sluice_proto::ControlMessage,
-) -> Result<(u32, sluice_proto::codec::OpenInfo), crate::tcp::TransportError> {
-    match reply {
-        sluice_proto::ControlMessage::Opened { handle, info } => Ok((handle, info)),
-        other => Err(crate::tcp::TransportError::Protocol(format!("expected Opened, got {other:?}"))),
-    }
-}
-
 /// Encodes a control message as a whole frame.
 pub fn control_frame(message: &sluice_proto::ControlMessage) -> Vec<u8> {
     use zerocopy::IntoBytes;

@@ -10,6 +10,7 @@
 pub mod frame;
 #[cfg(feature = "rdma")]
 pub mod rc;
+pub mod session;
 pub mod tcp;
 pub mod tls;
 #[cfg(feature = "rdma")]

@@ -17,15 +17,16 @@ use super::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
 use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
-use crate::frame::{control_frame, open_request, opened};
-use crate::tcp::{NodeLimits, TransportError};
+use crate::frame::control_frame;
+use crate::session::{self, open_request, opened, NodeLimits};
+use crate::tcp::TransportError;
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, MessageSlots, ProtectionDomain, QueueCaps,
     QueuePair, SendOp, SendWr, VerbsError,
 };
 use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use sluice_proto::wire::le::{U32, U64};
-use sluice_proto::wire::{self, BatchResponseHeader, BatchStatus, FrameKind, RangeDescriptor, RdmaBatchRequestHeader};
+use sluice_proto::wire::{self, BatchResponseHeader, FrameKind, RangeDescriptor, RdmaBatchRequestHeader};
 
 /// How long connection setup may take once the route is known.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -237,26 +238,17 @@ impl RdmaClient {
             commands,
             control: tokio::sync::Mutex::new(()),
             credits: Arc::new(Semaphore::new(1)),
-            limits: NodeLimits { ranges_per_batch_max: 1, batch_footprint_max_bytes: 0, credits: 1 },
+            limits: NodeLimits::BEFORE_HELLO,
             pd,
             next_batch_id: AtomicU64::new(1),
             lost,
             device,
             driver,
         };
-        let hello = ControlMessage::Hello { protocol: 1, client: client_name.to_string() };
-        match client.control_request(&hello).await? {
-            ControlMessage::HelloOk { node: _, ranges_per_batch_max, batch_footprint_max_bytes, credits } => {
-                client.limits = NodeLimits {
-                    ranges_per_batch_max: ranges_per_batch_max.clamp(1, wire::RANGES_PER_BATCH_MAX),
-                    batch_footprint_max_bytes: batch_footprint_max_bytes.min(wire::BATCH_FOOTPRINT_MAX_BYTES),
-                    credits: credits.clamp(1, RDMA_CREDITS_MAX),
-                };
-                client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
-                Ok(client)
-            }
-            other => Err(TransportError::Protocol(format!("expected HelloOk, got {other:?}"))),
-        }
+        let reply = client.control_request(&session::hello(client_name)).await?;
+        client.limits = session::limits(reply, RDMA_CREDITS_MAX)?;
+        client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
+        Ok(client)
     }
 
     pub fn limits(&self) -> NodeLimits {
@@ -282,10 +274,7 @@ impl RdmaClient {
         let (reply, rx) = oneshot::channel();
         let command = Command::Control { frame: control_frame(message), reply: Some(reply) };
         self.commands.send(command).await.map_err(|_| self.lost_error())?;
-        match rx.await.map_err(|_| self.lost_error())? {
-            ControlMessage::Error { code, message } => Err(TransportError::Refused { code, message }),
-            other => Ok(other),
-        }
+        session::reply(rx.await.map_err(|_| self.lost_error())?)
     }
 
     fn lost_error(&self) -> TransportError {
@@ -529,41 +518,27 @@ fn receive(
     match kind {
         FrameKind::Control => {
             let message = codec::decode(payload)?;
-            match (control_replies.pop_front(), message) {
-                (Some(waiter), message) => {
-                    let _ = waiter.send(message);
-                    Ok(())
-                }
-                (None, ControlMessage::Error { code, message }) => Err(TransportError::Refused { code, message }),
-                (None, other) => Err(TransportError::Protocol(format!("unsolicited {other:?}"))),
-            }
+            let Some(waiter) = control_replies.pop_front() else { return Err(session::unsolicited(message)) };
+            let _ = waiter.send(message);
+            Ok(())
         }
         FrameKind::RdmaBatchResponse => {
             let (head, statuses) =
                 BatchResponseHeader::ref_from_prefix(payload).map_err(|_| wire::FrameError::Short)?;
             let batch_id = head.batch_id.get();
-            let range_count = head.range_count.get();
-            if statuses.len() != wire::status_bytes_padded(range_count) {
-                return Err(TransportError::Protocol(format!("response {batch_id} has inconsistent lengths")));
-            }
             let Some(waiting) = pending.remove(&batch_id) else {
                 return Err(TransportError::Protocol(format!("response for unknown batch {batch_id}")));
             };
-            if range_count != waiting.range_count {
-                return Err(TransportError::Protocol(format!("response {batch_id} has {range_count} statuses")));
+            match session::batch_outcome(head, statuses, waiting.range_count as usize) {
+                Ok(outcome) => {
+                    waiting.finish(outcome.map_err(TransportError::Batch));
+                    Ok(())
+                }
+                Err(err) => {
+                    waiting.finish(Err(TransportError::Protocol(err.to_string())));
+                    Err(err)
+                }
             }
-            let status = BatchStatus::from_u32(head.status.get())
-                .ok_or_else(|| TransportError::Protocol(format!("batch status {}", head.status.get())))?;
-            if status != BatchStatus::Ok {
-                waiting.finish(Err(TransportError::Batch(status)));
-                return Ok(());
-            }
-            let decoded: Result<Vec<RangeStatus>, _> = statuses[..range_count as usize]
-                .iter()
-                .map(|&b| RangeStatus::from_u8(b).ok_or_else(|| TransportError::Protocol(format!("range status {b}"))))
-                .collect();
-            waiting.finish(decoded);
-            Ok(())
         }
         other => Err(TransportError::Protocol(format!("node sent a {other:?} frame on RDMA"))),
     }

@@ -12,7 +12,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use crate::frame::{control_frame, open_request, opened, read_frame_header, write_all_flushed};
+use crate::frame::{control_frame, read_frame_header, write_all_flushed};
+pub use crate::session::NodeLimits;
+use crate::session::{self, open_request, opened};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
 use sluice_proto::wire::{self, BatchResponseHeader, BatchStatus, FrameHeader, FrameKind, RangeDescriptor};
 
@@ -60,14 +62,6 @@ struct Shared {
     control_reply: Option<oneshot::Sender<ControlMessage>>,
     /// Set once the connection is gone: why.
     lost: Option<String>,
-}
-
-/// Limits the node announced at handshake.
-#[derive(Clone, Copy, Debug)]
-pub struct NodeLimits {
-    pub ranges_per_batch_max: u32,
-    pub batch_footprint_max_bytes: u64,
-    pub credits: u32,
 }
 
 /// The writing half of a connection, plain or TLS.
@@ -148,22 +142,12 @@ impl TcpClient {
             shared,
             credits: Arc::new(Semaphore::new(1)),
             next_batch_id: AtomicU64::new(1),
-            limits: NodeLimits { ranges_per_batch_max: 1, batch_footprint_max_bytes: 0, credits: 1 },
+            limits: NodeLimits::BEFORE_HELLO,
             reader,
         };
-        let hello = ControlMessage::Hello { protocol: 1, client: client_name.to_string() };
-        match client.control_request(&hello).await? {
-            ControlMessage::HelloOk { node: _, ranges_per_batch_max, batch_footprint_max_bytes, credits } => {
-                client.limits = NodeLimits {
-                    ranges_per_batch_max: ranges_per_batch_max.clamp(1, wire::RANGES_PER_BATCH_MAX),
-                    batch_footprint_max_bytes: batch_footprint_max_bytes.min(wire::BATCH_FOOTPRINT_MAX_BYTES),
-                    credits: credits.max(1),
-                };
-                client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
-                Ok(client)
-            }
-            other => Err(TransportError::Protocol(format!("expected HelloOk, got {other:?}"))),
-        }
+        client.limits = session::limits(client.control_request(&session::hello(client_name)).await?, u32::MAX)?;
+        client.credits = Arc::new(Semaphore::new(client.limits.credits as usize));
+        Ok(client)
     }
 
     pub fn limits(&self) -> NodeLimits {
@@ -193,11 +177,7 @@ impl TcpClient {
             shared.control_reply = Some(tx);
         }
         write_all_flushed(&mut *self.writer.lock().await, &control_frame(message)).await?;
-        let reply = rx.await.map_err(|_| self.lost_error())?;
-        match reply {
-            ControlMessage::Error { code, message } => Err(TransportError::Refused { code, message }),
-            other => Ok(other),
-        }
+        session::reply(rx.await.map_err(|_| self.lost_error())?)
     }
 
     fn lost_error(&self) -> TransportError {
@@ -279,15 +259,8 @@ async fn read_frames<Rd: AsyncRead + Unpin>(reader: &mut Rd, shared: &Mutex<Shar
                 reader.read_exact(&mut payload).await?;
                 let message = codec::decode(&payload)?;
                 let waiter = shared.lock().map_err(|_| poisoned())?.control_reply.take();
-                match (waiter, message) {
-                    (Some(waiter), message) => {
-                        let _ = waiter.send(message);
-                    }
-                    (None, ControlMessage::Error { code, message }) => {
-                        return Err(TransportError::Refused { code, message });
-                    }
-                    (None, other) => return Err(TransportError::Protocol(format!("unsolicited {other:?}"))),
-                }
+                let Some(waiter) = waiter else { return Err(session::unsolicited(message)) };
+                let _ = waiter.send(message);
             }
             FrameKind::BatchResponse => read_response(reader, shared, len, &mut statuses).await?,
             FrameKind::BatchRequest | FrameKind::RdmaBatchRequest | FrameKind::RdmaBatchResponse => {
@@ -307,8 +280,7 @@ async fn read_response<Rd: AsyncRead + Unpin>(
     reader.read_exact(&mut head).await?;
     let head = BatchResponseHeader::read_from_bytes(&head).map_err(|_| wire::FrameError::Short)?;
     let batch_id = head.batch_id.get();
-    let range_count = head.range_count.get();
-    let padded = wire::status_bytes_padded(range_count);
+    let padded = wire::status_bytes_padded(head.range_count.get());
     let data_len = head.data_len.get();
     if u64::from(payload_len) != BatchResponseHeader::SIZE as u64 + padded as u64 + data_len {
         return Err(TransportError::Protocol(format!("response {batch_id} has inconsistent lengths")));
@@ -317,30 +289,20 @@ async fn read_response<Rd: AsyncRead + Unpin>(
     let Some(pending) = pending else {
         return Err(TransportError::Protocol(format!("response for unknown batch {batch_id}")));
     };
-    if range_count as usize != pending.dests.len() {
-        return Err(TransportError::Protocol(format!("response {batch_id} has {range_count} statuses")));
-    }
     statuses.resize(padded, 0);
     reader.read_exact(statuses).await?;
-    let status = BatchStatus::from_u32(head.status.get())
-        .ok_or_else(|| TransportError::Protocol(format!("batch status {}", head.status.get())))?;
-    if status != BatchStatus::Ok {
-        if data_len != 0 {
-            return Err(TransportError::Protocol("failed batch carries data".into()));
+    let decoded = match session::batch_outcome(&head, statuses, pending.dests.len())? {
+        Ok(decoded) => decoded,
+        Err(_) if data_len != 0 => return Err(TransportError::Protocol("failed batch carries data".into())),
+        Err(status) => {
+            let _ = pending.done.send(Err(TransportError::Batch(status)));
+            return Ok(());
         }
-        let _ = pending.done.send(Err(TransportError::Batch(status)));
-        return Ok(());
-    }
-    let mut decoded = Vec::with_capacity(range_count as usize);
-    let mut expected = 0u64;
-    for (index, &byte) in statuses[..range_count as usize].iter().enumerate() {
-        let status =
-            RangeStatus::from_u8(byte).ok_or_else(|| TransportError::Protocol(format!("range status {byte}")))?;
-        if status == RangeStatus::Ok {
-            expected += u64::from(pending.dests[index].1);
-        }
-        decoded.push(status);
-    }
+    };
+    let expected: u64 = (decoded.iter().zip(&pending.dests))
+        .filter(|(status, _)| **status == RangeStatus::Ok)
+        .map(|(_, (_, len))| u64::from(*len))
+        .sum();
     if expected != data_len {
         return Err(TransportError::Protocol(format!("response {batch_id}: {data_len} bytes for {expected}")));
     }

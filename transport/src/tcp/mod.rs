@@ -8,4 +8,5 @@
 
 mod client;
 
-pub use client::{NodeLimits, ReadSink, TcpClient, TlsConnect, TransportError};
+pub use crate::session::NodeLimits;
+pub use client::{ReadSink, TcpClient, TlsConnect, TransportError};
