@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::NodeProcess;
-use sluice_client::loader::{replay_step, RecordLoader, RecordLoaderConfig};
+use sluice_client::loader::{replay_step, LoaderError, RecordLoader, RecordLoaderConfig, StepSchedule};
 use sluice_client::Client;
 
 fn config(global_batch: u64) -> RecordLoaderConfig {
@@ -88,6 +88,23 @@ async fn variable_records_with_an_index() {
         RecordLoader::from_state(Arc::clone(&dataset), Arc::clone(&index), state.clone(), 0, 1, 2).expect("resume");
     for (step, expected) in expected_steps.iter().enumerate().skip(10) {
         assert_eq!(&resumed.next_batch().await.expect("batch").records, expected, "step {step}");
+    }
+    // Three workers on a schedule each (steps w, w + 3, ... before 30):
+    // taken in worker order, their batches are the straight run's steps.
+    let mut workers: Vec<RecordLoader> = (0..3u64)
+        .map(|w| {
+            let mut loader = RecordLoader::new(Arc::clone(&dataset), Arc::clone(&index), &config(20)).expect("loader");
+            loader.set_schedule(StepSchedule { first: w, stride: 3, end: Some(30) });
+            loader
+        })
+        .collect();
+    for (step, expected) in expected_steps.iter().enumerate().take(30) {
+        let batch = workers[step % 3].next_batch().await.expect("batch");
+        assert_eq!((batch.step, &batch.records), (step as u64, expected), "step {step}");
+    }
+    for worker in &mut workers {
+        assert!(worker.finished(), "every step of the schedule was returned");
+        assert!(matches!(worker.next_batch().await, Err(LoaderError::End(_))), "nothing after the schedule's end");
     }
     let replayed = replay_step(&state, 33, Some(&index)).expect("replay");
     assert_eq!(replayed.iter().map(|s| s.index).collect::<Vec<_>>(), expected_steps[33]);

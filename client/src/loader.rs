@@ -50,6 +50,34 @@ pub enum LoaderError {
     Task(String),
     #[error("record {index} is not in the dataset's index of {records} records")]
     Index { index: u64, records: u64 },
+    #[error("the loader's schedule ends before step {0}")]
+    End(u64),
+}
+
+/// Which steps a loader reads: `first`, `first + stride`, ... up to (not
+/// including) `end`. DataLoader worker `w` of `W` reads steps `w, w + W,
+/// ...`: the workers' batches taken in worker order, as a DataLoader takes
+/// them, are the steps in order, so no step is read twice or skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepSchedule {
+    pub first: u64,
+    pub stride: u64,
+    pub end: Option<u64>,
+}
+
+impl StepSchedule {
+    /// Every step from `first` on.
+    pub fn from(first: u64) -> Self {
+        Self { first, stride: 1, end: None }
+    }
+
+    fn after(&self, step: u64) -> u64 {
+        step.saturating_add(self.stride.max(1))
+    }
+
+    fn includes(&self, step: u64) -> bool {
+        self.end.is_none_or(|end| step < end)
+    }
 }
 
 /// One step's tokens for one rank.
@@ -79,6 +107,7 @@ pub struct WindowLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
+    schedule: StepSchedule,
     next_issue_step: u64,
     in_flight: Prefetch<TokenBatch>,
 }
@@ -128,8 +157,22 @@ impl WindowLoader {
         rank_slice(0, state.global_batch, rank, world)?;
         let domain = window_domain(state.domain_len, u64::from(state.window))?;
         let sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
-        let next_issue_step = state.step();
-        Ok(Self { dataset, sampler, state, rank, world, next_issue_step, in_flight: Prefetch::new(prefetch) })
+        let schedule = StepSchedule::from(state.step());
+        let next_issue_step = schedule.first;
+        Ok(Self { dataset, sampler, state, rank, world, schedule, next_issue_step, in_flight: Prefetch::new(prefetch) })
+    }
+
+    /// Reads the steps of `schedule` from now on; what was read ahead is
+    /// dropped.
+    pub fn set_schedule(&mut self, schedule: StepSchedule) {
+        self.in_flight.clear();
+        self.schedule = schedule;
+        self.next_issue_step = schedule.first;
+    }
+
+    /// Whether every step of the schedule has been returned.
+    pub fn finished(&self) -> bool {
+        self.in_flight.is_empty() && !self.schedule.includes(self.next_issue_step)
     }
 
     /// The state after the last batch returned: saving it and building a
@@ -164,14 +207,17 @@ impl WindowLoader {
             }
             Ok(TokenBatch { step, starts, data, window_tokens, token_bytes })
         }));
-        self.next_issue_step += 1;
+        self.next_issue_step = self.schedule.after(step);
         Ok(())
     }
 
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
-        while self.in_flight.wants_more() {
+        while self.in_flight.wants_more() && self.schedule.includes(self.next_issue_step) {
             self.issue()?;
+        }
+        if self.in_flight.is_empty() {
+            return Err(LoaderError::End(self.next_issue_step));
         }
         let batch = self.in_flight.next().await?;
         advance(&mut self.state, batch.step);
@@ -199,6 +245,17 @@ impl<T> Prefetch<T> {
 
     fn wants_more(&self) -> bool {
         self.tasks.len() < self.depth
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Drops (aborts) every step read ahead.
+    fn clear(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
     }
 
     fn push(&mut self, task: JoinHandle<Result<T, LoaderError>>) {
@@ -310,6 +367,7 @@ pub struct RecordLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
+    schedule: StepSchedule,
     next_issue_step: u64,
     in_flight: Prefetch<RecordBatch>,
 }
@@ -356,8 +414,23 @@ impl RecordLoader {
         }
         rank_slice(0, state.global_batch, rank, world)?;
         let sampler = IndexSampler::new(state.domain_len, state.samples_per_epoch, state.seed)?;
-        let next_issue_step = state.step();
-        Ok(Self { dataset, index, sampler, state, rank, world, next_issue_step, in_flight: Prefetch::new(prefetch) })
+        let schedule = StepSchedule::from(state.step());
+        let next_issue_step = schedule.first;
+        let in_flight = Prefetch::new(prefetch);
+        Ok(Self { dataset, index, sampler, state, rank, world, schedule, next_issue_step, in_flight })
+    }
+
+    /// Reads the steps of `schedule` from now on; what was read ahead is
+    /// dropped.
+    pub fn set_schedule(&mut self, schedule: StepSchedule) {
+        self.in_flight.clear();
+        self.schedule = schedule;
+        self.next_issue_step = schedule.first;
+    }
+
+    /// Whether every step of the schedule has been returned.
+    pub fn finished(&self) -> bool {
+        self.in_flight.is_empty() && !self.schedule.includes(self.next_issue_step)
     }
 
     pub fn state(&self) -> SamplerState {
@@ -388,13 +461,16 @@ impl RecordLoader {
             }
             Ok(RecordBatch { step, records, data, offsets })
         }));
-        self.next_issue_step += 1;
+        self.next_issue_step = self.schedule.after(step);
         Ok(())
     }
 
     pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
-        while self.in_flight.wants_more() {
+        while self.in_flight.wants_more() && self.schedule.includes(self.next_issue_step) {
             self.issue()?;
+        }
+        if self.in_flight.is_empty() {
+            return Err(LoaderError::End(self.next_issue_step));
         }
         let batch = self.in_flight.next().await?;
         advance(&mut self.state, batch.step);
