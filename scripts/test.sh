@@ -73,9 +73,16 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --qui
 bash scripts/fuzz.sh 15
 
 echo "== python package"
-# A virtual environment keeps the install off the system Python. maturin
-# builds the extension; the tests start the sluiced that cargo test built.
+# The wheel a user installs (abi3, Python >= 3.9), built by maturin in its
+# own virtual environment, then installed into a fresh one with the default
+# torch wheel (it runs without a GPU), torchdata and webdataset from the
+# package registry: no torch test skips for want of them. The tests start
+# the sluiced that cargo test built.
+rm -rf target/pybuild target/pyenv target/wheels
+python3 -m venv target/pybuild
+target/pybuild/bin/python -m pip install -q --upgrade pip 'maturin>=1.5,<2'
+target/pybuild/bin/maturin build -q --release --manifest-path client/python/Cargo.toml --out target/wheels
 python3 -m venv target/pyenv
 target/pyenv/bin/python -m pip install -q --upgrade pip
-target/pyenv/bin/python -m pip install -q ./client/python pytest
+target/pyenv/bin/python -m pip install -q target/wheels/sluice-*-abi3-*.whl pytest torch torchdata webdataset
 SLUICE_BIN_DIR="$PWD/target/debug" target/pyenv/bin/python -m pytest -q client/python/tests

@@ -6,6 +6,13 @@
     >>> loader = sluice.WindowLoader(ds, window=1024, batch_size=8, seed=0)
     >>> batch = next(iter(loader))          # numpy array of shape (8, 1024)
     >>> saved = loader.state_dict()         # resume exactly with load_state_dict
+
+Without torch, ``TokenWindows``, ``Records`` and ``WdsSamples`` are the
+iterators behind ``sluice.torch``'s datasets (worker split, epochs, resume:
+see ``sluice.streams``). Failures raise ``SluiceError`` (an ``OSError``) or
+one of its kinds: ``AccessDenied``, ``UnknownDataset``, ``NodeUnavailable``,
+``WrongKind``, ``StateMismatch``, ``Forked``; a bad range ``ReadFailed``
+(a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -16,8 +23,24 @@ from typing import Iterable, Iterator, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _native
+from ._buffers import writable_address
+from ._native import (
+    AccessDenied,
+    Forked,
+    NodeUnavailable,
+    ReadFailed,
+    SluiceError,
+    StateMismatch,
+    UnknownDataset,
+    WrongKind,
+)
+from .streams import Records, TokenWindows, WdsSamples, loader_position
 
-__all__ = ["connect", "Client", "Dataset", "WindowLoader"]
+__all__ = [
+    "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "loader_position",
+    "SluiceError", "AccessDenied", "UnknownDataset", "NodeUnavailable", "WrongKind", "StateMismatch",
+    "ReadFailed", "Forked",
+]
 
 _DTYPES = {1: np.uint8, 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
@@ -49,6 +72,20 @@ class Dataset:
         bytes concatenated, as a 1-D ``uint8`` array."""
         data = self._native.read_batch([(int(o), int(n)) for o, n in ranges])
         return np.frombuffer(data, dtype=np.uint8)
+
+    def read_into(self, ranges: Iterable[Tuple[int, int]], buffer) -> int:
+        """Reads ``(offset, len)`` byte ranges in one batch into ``buffer``,
+        laid end to end from its start, and returns the bytes written.
+        ``buffer`` is any writable, contiguous host buffer: a NumPy array, a
+        CPU ``torch.Tensor`` (pinned or not), a ``bytearray``. The GIL is
+        released while the bytes arrive. Raises ``ValueError`` if the
+        buffer is too small (nothing is read then)."""
+        address, nbytes = writable_address(buffer)
+        return self._native.read_into_address([(int(o), int(n)) for o, n in ranges], address, nbytes)
+
+    def record_index(self) -> "list[tuple[int, int]]":
+        """The ``(offset, len)`` of every sample of a records or wds dataset."""
+        return self._native.record_index()
 
 
 class Client:

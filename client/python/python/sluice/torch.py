@@ -1,67 +1,105 @@
-"""PyTorch adapter: a sluice ``WindowLoader`` as an ``IterableDataset``.
+"""PyTorch datasets over sluice: token windows, records and WebDataset
+samples, each yielding one batch per item.
 
-Use it with ``DataLoader(ds, batch_size=None)``: batching, shuffling and
-prefetch already happen in sluice, so the DataLoader must not add its own.
+Use them with ``DataLoader(ds, batch_size=None)`` (or torchdata's
+``StatefulDataLoader``): batching, shuffling and read-ahead happen in
+sluice, so the DataLoader must not add its own. Each DataLoader worker reads
+its own steps and connects in its own process (fork, spawn or forkserver);
+rank and world size come from ``torch.distributed`` when it is initialized.
+See ``sluice.streams`` for the order, epochs and resume rules.
+
+    >>> ds = WindowDataset("http://node:7070", "wiki", window=2048, batch_size=8, seed=0)
+    >>> loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    >>> for step, tokens in enumerate(loader): ...          # (8, 2048) uint16 tensors
+    >>> saved = loader.state_dict()                        # a few hundred bytes a worker
+    >>> # later, with any num_workers and world size:
+    >>> ds.load_state_dict(sluice.loader_position(saved))
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
+import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
-from . import WindowLoader, connect
+from . import streams
+from .streams import loader_position
 
-__all__ = ["WindowDataset"]
+__all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "loader_position"]
 
 
-class WindowDataset(IterableDataset):
-    """Yields ``(batch_size, window)`` int64 tensors from a token dataset.
+def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return rank or 0, world_size or 1
 
-    Rank and world size default to ``torch.distributed`` when it is
-    initialized. ``state_dict``/``load_state_dict`` give exact resume.
-    """
 
-    def __init__(
-        self,
-        endpoint: str,
-        name: str,
-        window: int,
-        batch_size: int,
-        seed: int,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
-        prefetch: int = 4,
-    ):
-        super().__init__()
-        if rank is None or world_size is None:
-            dist = torch.distributed
-            ready = dist.is_available() and dist.is_initialized()
-            rank = dist.get_rank() if ready else 0
-            world_size = dist.get_world_size() if ready else 1
-        self._args = (endpoint, name, window, batch_size, seed, rank, world_size, prefetch)
-        self._loader: Optional[WindowLoader] = None
-        self._pending_state: Optional[dict] = None
+class _Torch(IterableDataset):
+    """Makes a stream a DataLoader's: its workers and ranks."""
 
-    def _ensure(self) -> WindowLoader:
-        if self._loader is None:
-            endpoint, name, window, batch_size, seed, rank, world_size, prefetch = self._args
-            dataset = connect(endpoint).open(name)
-            self._loader = WindowLoader(dataset, window, batch_size, seed, rank, world_size, prefetch)
-            if self._pending_state is not None:
-                self._loader.load_state_dict(self._pending_state)
-        return self._loader
+    def _worker(self) -> Tuple[int, int]:
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else (0, 1)
+
+    def _worker_process(self) -> Optional[Any]:
+        return get_worker_info()
+
+
+class WindowDataset(_Torch, streams.TokenWindows):
+    """``(batch_size, window)`` tensors of the dataset's token dtype
+    (``as_int64=True`` for int64). ``pin_memory=True`` writes each batch
+    into a pinned tensor (needs an accelerator)."""
+
+    def __init__(self, endpoint: str, name: str, window: int, batch_size: int, seed: int,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, *, pin_memory: bool = False,
+                 **kwargs: Any):
+        rank, world_size = _rank_and_world(rank, world_size)
+        IterableDataset.__init__(self)
+        streams.TokenWindows.__init__(self, endpoint, name, window, batch_size, seed, rank=rank,
+                                      world_size=world_size, **kwargs)
+        self.pin_memory = pin_memory
+
+    def _empty(self, rows: int, dtype: np.dtype) -> Any:
+        torch_dtype = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32}[dtype.itemsize]
+        return torch.empty((rows, self.window), dtype=torch_dtype, pin_memory=self.pin_memory)
+
+    def _int64(self, out: torch.Tensor) -> torch.Tensor:
+        return out.to(torch.int64)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        loader = self._ensure()
-        for batch in loader:
-            yield torch.from_numpy(batch.astype("int64"))
+        return streams.TokenWindows.__iter__(self)
 
-    def state_dict(self) -> dict:
-        return self._ensure().state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self._pending_state = state
-        if self._loader is not None:
-            self._loader.load_state_dict(state)
+class RecordDataset(_Torch, streams.Records):
+    """Lists of ``batch_size`` samples, each its bytes, from a ``records``
+    or ``wds`` dataset."""
+
+    def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, **kwargs: Any):
+        rank, world_size = _rank_and_world(rank, world_size)
+        IterableDataset.__init__(self)
+        streams.Records.__init__(self, endpoint, name, batch_size, seed, rank=rank, world_size=world_size, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        return streams.Records.__iter__(self)
+
+
+class WdsDataset(_Torch, streams.WdsSamples):
+    """Lists of ``batch_size`` WebDataset sample dicts (``__key__`` and one
+    entry per member extension) from a ``wds`` dataset; ``decode`` as in
+    ``sluice.WdsSamples``."""
+
+    def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, **kwargs: Any):
+        rank, world_size = _rank_and_world(rank, world_size)
+        IterableDataset.__init__(self)
+        streams.WdsSamples.__init__(self, endpoint, name, batch_size, seed, rank=rank, world_size=world_size,
+                                    **kwargs)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return streams.WdsSamples.__iter__(self)

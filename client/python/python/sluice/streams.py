@@ -1,0 +1,309 @@
+"""One rank's batches of a dataset, split over worker processes, with a
+state of a few hundred bytes that resumes exactly.
+
+The global sample sequence is a keyed shuffle fixed by the seed: step ``s``
+holds samples ``[s * G, (s + 1) * G)`` for a global batch of ``G`` (the
+per-rank ``batch_size`` times the world size), and rank ``r`` of ``R`` takes
+its ``G / R`` of each step. Worker ``w`` of ``W`` on a rank reads steps
+``w, w + W, w + 2W, ...``: a PyTorch DataLoader takes its workers' batches in
+worker order, so the batches come out as steps ``0, 1, 2, ...``, the same
+whatever ``W`` is, and no sample of an epoch is read twice or skipped.
+
+An iteration covers one epoch: the steps whose first sample falls in it
+(when ``samples_per_epoch`` is a multiple of ``G``, exactly the epoch's
+samples). In the process that iterates (``num_workers=0``) the epoch then
+advances by itself; DataLoader workers are copies, so with workers call
+``set_epoch`` before each epoch, as with ``DistributedSampler``.
+
+``state_dict()`` names the next step. Inside a worker it is that worker's
+own next step; ``loader_position`` merges the workers' states of a
+DataLoader state into one position (their smallest next step), which
+resumes at any worker count and world size. A changed world size keeps the
+saved global batch, so each rank's batch becomes ``G / R``; a changed
+worker count changes nothing in the order.
+
+Connections are made lazily, in the process that reads: after a fork (the
+DataLoader default on Linux) a worker connects again and never touches its
+parent's client, and the objects pickle for ``spawn`` without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native, wds
+
+STATE_VERSION = 1
+
+_DTYPES = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+class _Stream:
+    """What the three datasets share: connection, schedule, epoch, state."""
+
+    _kind = ""
+
+    def __init__(
+        self,
+        endpoint: str,
+        name: str,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 4,
+        samples_per_epoch: Optional[int] = None,
+        token: Optional[str] = None,
+        transport: Optional[str] = None,
+        verify_chunks: bool = False,
+    ):
+        if batch_size < 1:
+            raise ValueError("batch_size is at least 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside a world of {world_size}")
+        self.endpoint, self.name = endpoint, name
+        self.batch_size, self.seed = batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.prefetch = prefetch
+        self.samples_per_epoch = samples_per_epoch
+        self._token, self._transport, self._verify = token, transport, verify_chunks
+        self.epoch = 0
+        self._resume: Optional[Dict[str, Any]] = None
+        self._next_step: Optional[int] = None
+        self._native: Any = None
+        self._pid: Optional[int] = None
+        self._sampler: Dict[str, Any] = {}
+
+    # -- processes -----------------------------------------------------------
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_native"], state["_pid"] = None, None
+        return state
+
+    def _worker(self) -> Tuple[int, int]:
+        """``(worker, workers)`` of this process; ``(0, 1)`` outside one."""
+        return 0, 1
+
+    def _loader(self) -> Any:
+        """The native loader of this process, connecting on first use here."""
+        if self._native is None or self._pid != os.getpid():
+            # A parent's loader, inherited through fork, is left alone: the
+            # native side refuses and leaks it rather than touch its runtime.
+            self._native = None
+            client = _native.Client(self.endpoint, self._transport, None, None, None)
+            dataset = client.open(self.name, self._verify, self._token)
+            self._native = self._make(dataset)
+            self._pid = os.getpid()
+            if self._resume is not None:
+                self._native.load_state_json(json.dumps(self._resume["sampler"]))
+            base = json.loads(self._native.state_json())
+            base["next_sample"], base["epoch"] = 0, 0
+            self._sampler = base
+        return self._native
+
+    def _make(self, dataset: Any) -> Any:
+        raise NotImplementedError
+
+    # -- steps and epochs ----------------------------------------------------
+
+    def _global_batch(self) -> int:
+        return int(self._sampler["global_batch"])
+
+    def _epoch_steps(self, epoch: int) -> Tuple[int, int]:
+        """The steps ``[first, end)`` whose first sample lies in ``epoch``."""
+        per_epoch, batch = int(self._sampler["samples_per_epoch"]), self._global_batch()
+        return -(-epoch * per_epoch // batch), -(-(epoch + 1) * per_epoch // batch)
+
+    def steps_per_epoch(self) -> int:
+        """Steps (batches per rank) in the current epoch."""
+        self._loader()
+        first, end = self._epoch_steps(self.epoch)
+        return end - first
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (from its start, unless a
+        loaded state is inside it)."""
+        self.epoch = int(epoch)
+        if self._resume is not None and self._resume["epoch"] != self.epoch:
+            self._resume = None
+
+    def _first_step(self, worker: int, workers: int) -> int:
+        first, _ = self._epoch_steps(self.epoch)
+        state = self._resume
+        if state is None:
+            return first + worker
+        step = int(state["sampler"]["next_sample"]) // self._global_batch()
+        if state["workers"] == workers and state["worker"] == worker:
+            return step
+        if state["workers"] == 1:
+            return step + worker
+        raise _native.StateMismatch(
+            f"a state of worker {state['worker']} of {state['workers']} cannot resume worker {worker} of "
+            f"{workers}: merge the DataLoader's state with sluice.loader_position() first"
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self._loader()
+        worker, workers = self._worker()
+        step = self._first_step(worker, workers)
+        _, end = self._epoch_steps(self.epoch)
+        self._next_step = step
+        if step < end:
+            loader.set_schedule(step, workers, end)
+        while step < end:
+            batch = self._next(loader)
+            step += workers
+            self._next_step = step
+            yield batch
+        self._resume = None
+        self._next_step = None
+        if workers == 1 and self._worker_process() is None:
+            self.epoch += 1
+
+    def _worker_process(self) -> Optional[Any]:
+        return None
+
+    def _next(self, loader: Any) -> Any:
+        raise NotImplementedError
+
+    # -- state ---------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position: the next step of this process (a worker's own), the
+        epoch and the sampler (seed, global batch, dataset hash)."""
+        self._loader()
+        worker, workers = self._worker()
+        step = self._next_step if self._next_step is not None else self._first_step(worker, workers)
+        sampler = dict(self._sampler)
+        sampler["next_sample"] = step * self._global_batch()
+        sampler["epoch"] = sampler["next_sample"] // int(sampler["samples_per_epoch"])
+        return {"sluice": STATE_VERSION, "kind": self._kind, "epoch": self.epoch, "worker": worker,
+                "workers": workers, "sampler": sampler}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at ``state`` (this class's, or ``loader_position``'s)."""
+        if not isinstance(state, dict) or state.get("sluice") != STATE_VERSION:
+            raise _native.StateMismatch("not a sluice dataset state (see sluice.loader_position for DataLoader states)")
+        if state.get("kind") != self._kind:
+            raise _native.StateMismatch(f"a {state.get('kind')} state cannot resume a {self._kind} dataset")
+        self._resume = state
+        self.epoch = int(state["epoch"])
+        self._next_step = None
+        if self._native is not None and self._pid == os.getpid():
+            # Checked now (the right dataset, a sampler of this kind) when
+            # connected; otherwise where the reading happens.
+            self._native.load_state_json(json.dumps(state["sampler"]))
+            self._sampler = dict(state["sampler"], next_sample=0, epoch=0)
+
+
+def loader_position(loader_state: Dict[str, Any]) -> Dict[str, Any]:
+    """The one position in a DataLoader's (``StatefulDataLoader``) state:
+    the sluice states of its workers merged into the smallest next step,
+    which any worker count and world size resumes from with
+    ``dataset.load_state_dict``."""
+    found: List[Dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("sluice") == STATE_VERSION and "sampler" in node:
+                found.append(node)
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(loader_state)
+    if not found:
+        raise _native.StateMismatch("the DataLoader state holds no sluice dataset state")
+    hashes = {s["sampler"]["content_hash"] for s in found}
+    if len(hashes) != 1:
+        raise _native.StateMismatch(f"the DataLoader state holds states of {len(hashes)} datasets")
+    first = min(found, key=lambda s: int(s["sampler"]["next_sample"]))
+    return dict(first, worker=0, workers=1)
+
+
+class TokenWindows(_Stream):
+    """Random windows of ``window`` tokens, ``batch_size`` per step for this
+    rank: each batch a ``(batch_size, window)`` array of the dataset's token
+    dtype, written by the native side into a fresh array (``as_int64``
+    converts). ``stride_ratio`` sets ``n / stride_ratio`` samples per epoch
+    over ``n`` tokens, as ``WindowLoader``."""
+
+    _kind = "windows"
+
+    def __init__(self, endpoint: str, name: str, window: int, batch_size: int, seed: int, *,
+                 stride_ratio: Optional[float] = None, as_int64: bool = False, **kwargs: Any):
+        super().__init__(endpoint, name, batch_size, seed, **kwargs)
+        self.window, self.stride_ratio, self.as_int64 = window, stride_ratio, as_int64
+        self.last_starts: List[int] = []
+
+    def _make(self, dataset: Any) -> Any:
+        return _native.WindowLoader(dataset, self.window, self.batch_size, self.seed, self.rank, self.world_size,
+                                    self.prefetch, self.samples_per_epoch, self.stride_ratio)
+
+    def _empty(self, rows: int, dtype: np.dtype) -> Any:
+        return np.empty((rows, self.window), dtype=dtype)
+
+    def _next(self, loader: Any) -> Any:
+        dtype = _DTYPES[loader.token_bytes]
+        rows = self._global_batch() // self.world_size
+        out = self._empty(rows, dtype)
+        address, nbytes = _address(out)
+        _, got = loader.next_into(address, nbytes)
+        assert got == rows, f"{got} windows for {rows}"
+        self.last_starts = loader.last_starts
+        return self._int64(out) if self.as_int64 else out
+
+    def _int64(self, out: Any) -> Any:
+        return out.astype(np.int64)
+
+
+def _address(out: Any) -> Tuple[int, int]:
+    from ._buffers import writable_address
+
+    return writable_address(out)
+
+
+class Records(_Stream):
+    """Shuffled records of a ``records`` or ``wds`` dataset: each batch a
+    list of ``batch_size`` samples, each its bytes."""
+
+    _kind = "records"
+
+    def _make(self, dataset: Any) -> Any:
+        return _native.RecordLoader(dataset, self.batch_size, self.seed, self.rank, self.world_size, self.prefetch,
+                                    self.samples_per_epoch)
+
+    def _next(self, loader: Any) -> List[bytes]:
+        _, data, offsets, _records = loader.next_batch()
+        view = memoryview(data)
+        return [bytes(view[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
+
+
+class WdsSamples(Records):
+    """WebDataset samples of a ``wds`` dataset: each batch a list of dicts,
+    ``{"__key__": key, ext: value, ...}`` as the ``webdataset`` package
+    yields them; ``decode`` is ``None`` (bytes), ``"basic"`` (text, JSON,
+    class labels, ``.npy``) or a function ``(ext, bytes) -> value``."""
+
+    _kind = "wds"
+
+    def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, *,
+                 decode: Union[None, str, Any] = None, **kwargs: Any):
+        super().__init__(endpoint, name, batch_size, seed, **kwargs)
+        self.decode = decode
+
+    def _make(self, dataset: Any) -> Any:
+        if dataset.kind != "wds":
+            raise _native.WrongKind(f"dataset {dataset.name} is {dataset.kind}, not wds")
+        return super()._make(dataset)
+
+    def _next(self, loader: Any) -> List[Dict[str, Any]]:
+        return [wds.sample(span, self.decode) for span in super()._next(loader)]

@@ -1,0 +1,286 @@
+//! The window and record loaders: deterministic shuffles with prefetch,
+//! exact resume from a saved state, and a step schedule, so each DataLoader
+//! worker reads its own steps (`w, w + W, ...`) of its rank's sequence.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyStopIteration, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use sluice_client::loader::{
+    LoaderError, RecordLoader as RustRecords, RecordLoaderConfig, StepSchedule, WindowLoader as RustWindows,
+    WindowLoaderConfig,
+};
+use sluice_client::sampler::SamplerState;
+
+use crate::errors;
+use crate::process::ProcessLocal;
+use crate::{Dataset, Runtime};
+
+fn schedule(first: u64, stride: u64, end: Option<u64>) -> PyResult<StepSchedule> {
+    if stride == 0 {
+        return Err(PyValueError::new_err("a schedule's stride is at least 1"));
+    }
+    Ok(StepSchedule { first, stride, end })
+}
+
+fn parse_state(text: &str) -> PyResult<SamplerState> {
+    SamplerState::from_json(text).map_err(|e| errors::StateMismatch::new_err(e.to_string()))
+}
+
+fn end_error(err: LoaderError) -> PyErr {
+    match err {
+        LoaderError::End(_) => PyStopIteration::new_err("the schedule has ended"),
+        other => errors::loader(other),
+    }
+}
+
+struct Windows {
+    runtime: Runtime,
+    dataset: Arc<sluice_client::Dataset>,
+    loader: RustWindows,
+}
+
+/// Deterministic random windows with prefetch and exact resume.
+#[pyclass(module = "sluice._native")]
+pub struct WindowLoader {
+    inner: ProcessLocal<Windows>,
+    rank: u32,
+    world: u32,
+    prefetch: usize,
+    last_starts: Vec<u64>,
+    token_bytes: u32,
+    window: u32,
+}
+
+#[pymethods]
+impl WindowLoader {
+    #[new]
+    #[pyo3(signature = (dataset, window, batch_size, seed, rank = 0, world_size = 1, prefetch = 4, samples_per_epoch = None, stride_ratio = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        dataset: &Dataset,
+        window: u32,
+        batch_size: u64,
+        seed: u64,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        samples_per_epoch: Option<u64>,
+        stride_ratio: Option<f64>,
+    ) -> PyResult<Self> {
+        let config = WindowLoaderConfig {
+            window_tokens: window,
+            global_batch: batch_size * u64::from(world_size),
+            rank,
+            world: world_size,
+            seed,
+            samples_per_epoch,
+            stride_ratio,
+            prefetch,
+        };
+        let (runtime, dataset) = dataset.parts()?;
+        let _guard = runtime.enter();
+        let loader = RustWindows::new(Arc::clone(&dataset), &config).map_err(errors::loader)?;
+        let token_bytes = loader.state().element_bytes;
+        Ok(Self {
+            inner: ProcessLocal::new(Windows { runtime: Arc::clone(&runtime), dataset, loader }),
+            rank,
+            world: world_size,
+            prefetch,
+            last_starts: Vec::new(),
+            token_bytes,
+            window,
+        })
+    }
+
+    /// The next step: `(step, tokens as little-endian bytes, rows)`.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<(u64, Bound<'py, PyBytes>, usize)> {
+        let windows = self.inner.get_mut()?;
+        let runtime = Arc::clone(&windows.runtime);
+        let batch = py.allow_threads(|| runtime.block_on(windows.loader.next_batch())).map_err(end_error)?;
+        let rows = batch.starts.len();
+        self.last_starts = batch.starts;
+        Ok((batch.step, PyBytes::new(py, &batch.data), rows))
+    }
+
+    /// The next step's tokens written into the `length` bytes at `address`
+    /// (a preallocated, possibly pinned, array the Python side holds for the
+    /// call): `(step, rows)`. Raises if they do not fit.
+    fn next_into(&mut self, py: Python<'_>, address: usize, length: usize) -> PyResult<(u64, usize)> {
+        let windows = self.inner.get_mut()?;
+        let runtime = Arc::clone(&windows.runtime);
+        let batch = py.allow_threads(|| runtime.block_on(windows.loader.next_batch())).map_err(end_error)?;
+        if batch.data.len() > length || address == 0 {
+            return Err(PyValueError::new_err(format!(
+                "a batch is {} bytes and the buffer has {length}",
+                batch.data.len()
+            )));
+        }
+        // SAFETY: `address` and `length` describe a live, writable,
+        // contiguous buffer the Python caller holds for the whole call (see
+        // `Dataset::read_into_address`); the copy fits, as checked above.
+        let target = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, batch.data.len()) };
+        py.allow_threads(|| target.copy_from_slice(&batch.data));
+        let rows = batch.starts.len();
+        self.last_starts = batch.starts;
+        Ok((batch.step, rows))
+    }
+
+    /// Reads the steps `first, first + stride, ...` before `end` from now on.
+    #[pyo3(signature = (first, stride = 1, end = None))]
+    fn set_schedule(&mut self, first: u64, stride: u64, end: Option<u64>) -> PyResult<()> {
+        let schedule = schedule(first, stride, end)?;
+        let windows = self.inner.get_mut()?;
+        let _guard = windows.runtime.enter();
+        windows.loader.set_schedule(schedule);
+        Ok(())
+    }
+
+    /// Whether every step of the schedule has been returned.
+    #[getter]
+    fn finished(&self) -> PyResult<bool> {
+        Ok(self.inner.get()?.loader.finished())
+    }
+
+    #[getter]
+    fn last_starts(&self) -> Vec<u64> {
+        self.last_starts.clone()
+    }
+
+    #[getter]
+    fn token_bytes(&self) -> u32 {
+        self.token_bytes
+    }
+
+    #[getter]
+    fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// The sampler state as JSON: resume with `load_state_json`.
+    fn state_json(&self) -> PyResult<String> {
+        let state = self.inner.get()?.loader.state();
+        state.to_json().map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The 92-byte binary state.
+    fn state_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let state = self.inner.get()?.loader.state();
+        let bytes = state.encode().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Continues exactly where the state was saved (at this loader's rank
+    /// and world size; the state's global batch wins).
+    fn load_state_json(&mut self, text: &str) -> PyResult<()> {
+        let state = parse_state(text)?;
+        let (rank, world, prefetch) = (self.rank, self.world, self.prefetch);
+        let windows = self.inner.get_mut()?;
+        let _guard = windows.runtime.enter();
+        windows.loader = RustWindows::from_state(Arc::clone(&windows.dataset), state, rank, world, prefetch)
+            .map_err(errors::loader)?;
+        Ok(())
+    }
+}
+
+struct Records {
+    runtime: Runtime,
+    dataset: Arc<sluice_client::Dataset>,
+    index: Arc<[(u64, u64)]>,
+    loader: RustRecords,
+}
+
+/// Shuffled records of a `records` or `wds` dataset, one batch read per step.
+#[pyclass(module = "sluice._native")]
+pub struct RecordLoader {
+    inner: ProcessLocal<Records>,
+    rank: u32,
+    world: u32,
+    prefetch: usize,
+}
+
+#[pymethods]
+impl RecordLoader {
+    #[new]
+    #[pyo3(signature = (dataset, batch_size, seed, rank = 0, world_size = 1, prefetch = 4, samples_per_epoch = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dataset: &Dataset,
+        batch_size: u64,
+        seed: u64,
+        rank: u32,
+        world_size: u32,
+        prefetch: usize,
+        samples_per_epoch: Option<u64>,
+    ) -> PyResult<Self> {
+        let (runtime, native) = dataset.parts()?;
+        let kind = native.info().kind.clone();
+        if kind != "records" && kind != "wds" {
+            return Err(errors::WrongKind::new_err(format!(
+                "dataset {} is {kind}: records are read from records and wds datasets",
+                dataset.name
+            )));
+        }
+        let index: Arc<[(u64, u64)]> =
+            py.allow_threads(|| runtime.block_on(native.record_index())).map_err(errors::client)?.into();
+        let config = RecordLoaderConfig {
+            global_batch: batch_size * u64::from(world_size),
+            rank,
+            world: world_size,
+            seed,
+            samples_per_epoch,
+            prefetch,
+        };
+        let _guard = runtime.enter();
+        let loader = RustRecords::new(Arc::clone(&native), Arc::clone(&index), &config).map_err(errors::loader)?;
+        let records = Records { runtime: Arc::clone(&runtime), dataset: native, index, loader };
+        Ok(Self { inner: ProcessLocal::new(records), rank, world: world_size, prefetch })
+    }
+
+    /// The next step: `(step, bytes, offsets, record numbers)`, sample `i`
+    /// being `bytes[offsets[i]:offsets[i + 1]]`.
+    #[allow(clippy::type_complexity)]
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<(u64, Bound<'py, PyBytes>, Vec<usize>, Vec<u64>)> {
+        let records = self.inner.get_mut()?;
+        let runtime = Arc::clone(&records.runtime);
+        let batch = py.allow_threads(|| runtime.block_on(records.loader.next_batch())).map_err(end_error)?;
+        Ok((batch.step, PyBytes::new(py, &batch.data), batch.offsets, batch.records))
+    }
+
+    #[pyo3(signature = (first, stride = 1, end = None))]
+    fn set_schedule(&mut self, first: u64, stride: u64, end: Option<u64>) -> PyResult<()> {
+        let schedule = schedule(first, stride, end)?;
+        let records = self.inner.get_mut()?;
+        let _guard = records.runtime.enter();
+        records.loader.set_schedule(schedule);
+        Ok(())
+    }
+
+    #[getter]
+    fn finished(&self) -> PyResult<bool> {
+        Ok(self.inner.get()?.loader.finished())
+    }
+
+    #[getter]
+    fn records(&self) -> PyResult<usize> {
+        Ok(self.inner.get()?.index.len())
+    }
+
+    fn state_json(&self) -> PyResult<String> {
+        let state = self.inner.get()?.loader.state();
+        state.to_json().map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    fn load_state_json(&mut self, text: &str) -> PyResult<()> {
+        let state = parse_state(text)?;
+        let (rank, world, prefetch) = (self.rank, self.world, self.prefetch);
+        let records = self.inner.get_mut()?;
+        let _guard = records.runtime.enter();
+        let dataset = Arc::clone(&records.dataset);
+        records.loader = RustRecords::from_state(dataset, Arc::clone(&records.index), state, rank, world, prefetch)
+            .map_err(errors::loader)?;
+        Ok(())
+    }
+}

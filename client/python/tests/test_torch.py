@@ -1,0 +1,266 @@
+"""The PyTorch datasets against a real sluiced: worker and rank split, exact
+resume through torchdata's StatefulDataLoader, fork and spawn, WebDataset
+interop, zero-copy reads, and the errors a job sees."""
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import sluice
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it)")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from sluice.torch import RecordDataset, WdsDataset, WindowDataset, loader_position  # noqa: E402
+
+RECORDS = 240
+
+
+@pytest.fixture(scope="module")
+def records(node, tmp_path_factory):
+    """A records dataset whose record ``i`` starts with ``i`` (8 bytes LE)
+    and runs to ``i % 50`` bytes more."""
+    work = tmp_path_factory.mktemp("records")
+    data, offsets = bytearray(), [0]
+    for i in range(RECORDS):
+        data += i.to_bytes(8, "little") + bytes([i % 251]) * (i % 50)
+        offsets.append(len(data))
+    (work / "recs.bin").write_bytes(bytes(data))
+    (work / "recs.idx").write_bytes(np.array(offsets, dtype="<u8").tobytes())
+    node.ctl("dataset", "create", "recs", "--kind", "records")
+    node.ctl("dataset", "ingest", "recs", str(work / "recs.bin"), "--index", str(work / "recs.idx"))
+    node.ctl("dataset", "seal", "recs")
+    return "recs"
+
+
+def numbers(batch):
+    return [int.from_bytes(sample[:8], "little") for sample in batch]
+
+
+def run(ds, num_workers, context=None, steps=None):
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers,
+                        multiprocessing_context=context if num_workers else None)
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if steps is not None and len(out) == steps:
+            break
+    return out
+
+
+@pytest.mark.parametrize(("num_workers", "context"), [(0, None), (2, "fork"), (3, "fork"), (2, "spawn"), (3, "spawn")])
+def test_an_epoch_splits_over_workers_and_ranks_exactly(node, records, num_workers, context):
+    seen = []
+    per_rank = []
+    for rank in range(2):
+        ds = RecordDataset(node.endpoint, records, batch_size=6, seed=3, rank=rank, world_size=2)
+        batches = run(ds, num_workers, context)
+        assert all(len(b) == 6 for b in batches)
+        per_rank.append([numbers(b) for b in batches])
+        seen += [n for b in batches for n in numbers(b)]
+    assert sorted(seen) == list(range(RECORDS)), "every record of the epoch once, across workers and ranks"
+    # The order does not depend on the worker count.
+    alone = [numbers(b) for b in run(RecordDataset(node.endpoint, records, 6, 3, rank=0, world_size=2), 0)]
+    assert per_rank[0] == alone
+
+
+def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, tokens):
+    def windows(num_workers):
+        ds = WindowDataset(node.endpoint, "toks", window=16, batch_size=4, seed=9, samples_per_epoch=64)
+        return run(ds, num_workers, "fork")
+
+    straight = windows(0)
+    assert len(straight) == 16
+    assert straight[0].dtype == torch.uint16, "the dataset's dtype, not int64"
+    for num_workers in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(straight, windows(num_workers), strict=True))
+    # Every window is the dataset's tokens at its start.
+    ds = WindowDataset(node.endpoint, "toks", window=16, batch_size=4, seed=9, samples_per_epoch=64, as_int64=True)
+    batch = next(iter(ds))
+    assert batch.dtype == torch.int64
+    for row, start in zip(batch.numpy(), ds.last_starts):
+        assert (row == tokens[start:start + 16]).all()
+
+
+def test_state_survives_a_resume_with_other_workers_and_world_size(node, records):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def dataset(rank=0, world=1):
+        return RecordDataset(node.endpoint, records, batch_size=8, seed=5, rank=rank, world_size=world)
+
+    uninterrupted = [numbers(b) for b in run(dataset(), 0)]
+    assert len(uninterrupted) == RECORDS // 8
+    k = 7
+    first = StatefulDataLoader(dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    taken = []
+    for batch in first:
+        taken.append(numbers(batch))
+        if len(taken) == k:
+            saved = first.state_dict()
+            break
+    assert taken == uninterrupted[:k]
+    del first
+
+    # The same worker count, through the DataLoader's own protocol.
+    again = StatefulDataLoader(dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    again.load_state_dict(saved)
+    assert [numbers(b) for b in again] == uninterrupted[k:]
+
+    # Another worker count and world size: the merged position.
+    position = loader_position(saved)
+    assert len(json.dumps(position)) < 1024, "a state of a few hundred bytes"
+    ranks = []
+    for rank in range(2):
+        ds = dataset(rank, 2)
+        ds.load_state_dict(position)
+        ranks.append([numbers(b) for b in run(ds, 3, "spawn")])
+    joined = [a + b for a, b in zip(*ranks, strict=True)]
+    assert joined == uninterrupted[k:], "each step's samples, split over the new ranks"
+
+    # Without workers the dataset's own state resumes too.
+    ds = dataset()
+    it = iter(ds)
+    for _ in range(k):
+        next(it)
+    state = ds.state_dict()
+    fresh = dataset()
+    fresh.load_state_dict(state)
+    assert [numbers(b) for b in fresh] == uninterrupted[k:]
+
+
+def test_a_parent_that_used_the_client_does_not_hang(node, records):
+    """The parent connects (state_dict) before the DataLoader forks its
+    workers: each worker connects again instead of using the parent's
+    runtime, whose threads did not survive the fork."""
+    script = textwrap.dedent(f"""
+        import sluice
+        from torch.utils.data import DataLoader
+        from sluice.torch import RecordDataset
+        ds = RecordDataset({node.endpoint!r}, {records!r}, batch_size=8, seed=1)
+        ds.state_dict()
+        client = sluice.connect({node.endpoint!r})
+        client.open({records!r}).read_batch([(0, 8)])
+        import os
+        pid = os.fork()
+        if pid == 0:
+            try:
+                client.open({records!r})
+            except sluice.Forked as err:
+                os._exit(0 if "fork" in str(err) else 3)
+            os._exit(4)
+        assert os.waitpid(pid, 0)[1] == 0, "a forked child is refused its parent's client"
+        batches = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+        assert sorted(int.from_bytes(s[:8], "little") for b in batches for s in b) == list(range({RECORDS}))
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
+    webdataset = pytest.importorskip("webdataset", reason="webdataset is not installed (scripts/test.sh installs it)")
+    rng = random.Random(4)
+    shards = []
+    for shard in range(3):
+        path = tmp_path / f"shard-{shard:03}.tar"
+        with webdataset.TarWriter(str(path)) as sink:
+            for _ in range(20):
+                key = f"s{shard}/{rng.getrandbits(40):010x}"
+                sample = {"__key__": key, "txt": "é" * rng.randrange(0, 50), "cls": str(rng.randrange(10)),
+                          "json": json.dumps({"n": rng.random()})}
+                if rng.random() < 0.3:
+                    sample["bin"] = b""
+                if rng.random() < 0.2:
+                    sample["big.bin"] = rng.randbytes(300_000)
+                sink.write(sample)
+        shards.append(path)
+    node.ctl("dataset", "create", "wds", "--kind", "wds")
+    for path in shards:
+        node.ctl("dataset", "ingest", "wds", str(path))
+    node.ctl("dataset", "seal", "wds")
+
+    expected = {}
+    for sample in webdataset.WebDataset([str(p) for p in shards], shardshuffle=False):
+        expected[sample["__key__"]] = {k: v for k, v in sample.items() if not k.startswith("__")}
+    got = {}
+    for batch in run(WdsDataset(node.endpoint, "wds", batch_size=4, seed=2), 2, "fork"):
+        for sample in batch:
+            got[sample.pop("__key__")] = sample
+    assert got == expected
+
+    decoded = next(iter(WdsDataset(node.endpoint, "wds", batch_size=2, seed=2, decode="basic")))[0]
+    assert isinstance(decoded["txt"], str) and isinstance(decoded["cls"], int) and "n" in decoded["json"]
+
+
+def test_read_into_fills_caller_buffers_byte_exact(node, tokens):
+    ds = sluice.connect(node.endpoint).open("toks")
+    raw = tokens.tobytes()
+    ranges = [(10, 100), (5000, 4096), (123_457, 3)]
+    want = b"".join(raw[o:o + n] for o, n in ranges)
+    array = np.zeros(len(want) + 5, dtype=np.uint8)
+    assert ds.read_into(ranges, array) == len(want)
+    assert array[:len(want)].tobytes() == want
+    tensor = torch.zeros(len(want), dtype=torch.uint8)
+    ds.read_into(ranges, tensor)
+    assert tensor.numpy().tobytes() == want
+    buffer = bytearray(len(want))
+    ds.read_into(ranges, buffer)
+    assert bytes(buffer) == want
+    with pytest.raises(ValueError, match="buffer has"):
+        ds.read_into(ranges, np.zeros(len(want) - 1, dtype=np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        ds.read_into(ranges, np.frombuffer(bytes(len(want)), dtype=np.uint8))
+
+
+def test_read_into_a_pinned_tensor(node, tokens):
+    if not torch.cuda.is_available():
+        pytest.skip("pinned host memory needs a CUDA device and driver; torch.cuda.is_available() is False here")
+    ds = sluice.connect(node.endpoint).open("toks")
+    ranges = [(64, 4096), (1 << 20, 512)]
+    raw = tokens.tobytes()
+    want = b"".join(raw[o:o + n] for o, n in ranges)
+    pinned = torch.zeros(len(want), dtype=torch.uint8).pin_memory()
+    ds.read_into(ranges, pinned)
+    assert pinned.is_pinned() and pinned.numpy().tobytes() == want
+    windows = WindowDataset(node.endpoint, "toks", window=16, batch_size=4, seed=1, pin_memory=True)
+    batch = next(iter(windows))
+    assert batch.is_pinned() and batch.dtype == torch.uint16
+
+
+def test_errors_name_their_cause(node, records, tmp_path):
+    with pytest.raises(sluice.UnknownDataset, match="missing"):
+        sluice.connect(node.endpoint).open("missing")
+    with pytest.raises(sluice.NodeUnavailable):
+        sluice.connect("http://127.0.0.1:9")
+    with pytest.raises(sluice.WrongKind, match="records"):
+        next(iter(WindowDataset(node.endpoint, records, window=4, batch_size=2, seed=0)))
+    with pytest.raises(sluice.WrongKind, match="tokens"):
+        next(iter(RecordDataset(node.endpoint, "toks", batch_size=2, seed=0)))
+    windows = WindowDataset(node.endpoint, "toks", window=8, batch_size=2, seed=0)
+    other = WindowDataset(node.endpoint, "toks", window=8, batch_size=2, seed=0)
+    state = windows.state_dict()
+    state["sampler"]["content_hash"] = "blake3:" + "0" * 64
+    with pytest.raises(sluice.StateMismatch, match="dataset"):
+        other.load_state_dict(state)
+        next(iter(other))
+    with pytest.raises(sluice.StateMismatch):
+        windows.load_state_dict(RecordDataset(node.endpoint, records, 2, 0).state_dict())
+    with pytest.raises(ValueError, match="out of bounds"):
+        ds = sluice.connect(node.endpoint).open("toks")
+        ds.read_batch([(ds.length_bytes, 1)])
+
+
+def test_a_state_is_small_and_plain(node):
+    ds = WindowDataset(node.endpoint, "toks", window=8, batch_size=2, seed=0)
+    state = ds.state_dict()
+    assert len(json.dumps(state)) < 1024
+    # Plain JSON: it goes into any checkpoint and comes back equal.
+    assert json.loads(json.dumps(state)) == state
+    fresh = WindowDataset(node.endpoint, "toks", window=8, batch_size=2, seed=0)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert torch.equal(next(iter(fresh)), next(iter(ds)))
