@@ -449,9 +449,15 @@ impl Dataset {
                 let sink = Arc::new(tokio::sync::Mutex::new(landing.take().into_vec()));
                 let results =
                     join_all(descriptors.iter().map(|d| tcp.read_batch(session.handle, d, Arc::clone(&sink)))).await;
+                // Every wire batch let go of the sink before it finished
+                // (`Pending::finish`), so this is the last `Arc` and the
+                // buffer comes back without a copy.
                 *landing = Landing::Plain(match Arc::try_unwrap(sink) {
                     Ok(mutex) => mutex.into_inner(),
-                    Err(shared) => shared.lock().await.clone(),
+                    Err(shared) => {
+                        tracing::warn!("a finished read still held the buffer; copying it out");
+                        shared.lock().await.clone()
+                    }
                 });
                 Ok(results)
             }

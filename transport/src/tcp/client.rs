@@ -56,6 +56,18 @@ struct Pending {
     done: oneshot::Sender<Result<Vec<RangeStatus>, TransportError>>,
 }
 
+impl Pending {
+    /// Gives the batch's outcome to its caller, having first let go of the
+    /// sink: the caller takes its buffer back by unwrapping the sink's
+    /// `Arc`, which must then be the last one, or it would copy the whole
+    /// buffer to get its bytes out.
+    fn finish(self, outcome: Result<Vec<RangeStatus>, TransportError>) {
+        let Self { dests, sink, done } = self;
+        drop((dests, sink));
+        let _ = done.send(outcome);
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     pending: HashMap<u64, Pending>,
@@ -244,7 +256,7 @@ async fn read_loop<Rd: AsyncRead + Unpin>(mut reader: Rd, shared: Arc<Mutex<Shar
     shared.lost = Some(why.clone());
     shared.control_reply = None;
     for (_, pending) in shared.pending.drain() {
-        let _ = pending.done.send(Err(TransportError::Lost(why.clone())));
+        pending.finish(Err(TransportError::Lost(why.clone())));
     }
 }
 
@@ -295,7 +307,7 @@ async fn read_response<Rd: AsyncRead + Unpin>(
         Ok(decoded) => decoded,
         Err(_) if data_len != 0 => return Err(TransportError::Protocol("failed batch carries data".into())),
         Err(status) => {
-            let _ = pending.done.send(Err(TransportError::Batch(status)));
+            pending.finish(Err(TransportError::Batch(status)));
             return Ok(());
         }
     };
@@ -320,6 +332,6 @@ async fn read_response<Rd: AsyncRead + Unpin>(
             reader.read_exact(target).await?;
         }
     }
-    let _ = pending.done.send(Ok(decoded));
+    pending.finish(Ok(decoded));
     Ok(())
 }
