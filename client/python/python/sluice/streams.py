@@ -43,7 +43,15 @@ _DTYPES = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 class _Stream:
-    """What the three datasets share: connection, schedule, epoch, state."""
+    """What the three datasets share: connection, schedule, epoch, state.
+
+    Besides the dataset's ``endpoint`` and ``name``, the per-rank
+    ``batch_size`` and the shuffle ``seed``, each takes ``rank`` and
+    ``world_size``; ``prefetch`` (steps read ahead in each process);
+    ``samples_per_epoch`` (default: every sample once); and what
+    ``sluice.connect`` and ``Client.open`` take: ``token`` (else
+    ``SLUICE_TOKEN``), ``transport``, ``verify_chunks``, ``ca_file``,
+    ``cert_file``, ``key_file``."""
 
     _kind = ""
 
@@ -60,6 +68,9 @@ class _Stream:
         token: Optional[str] = None,
         transport: Optional[str] = None,
         verify_chunks: bool = False,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
     ):
         if batch_size < 1:
             raise ValueError("batch_size is at least 1")
@@ -71,6 +82,7 @@ class _Stream:
         self.prefetch = prefetch
         self.samples_per_epoch = samples_per_epoch
         self._token, self._transport, self._verify = token, transport, verify_chunks
+        self._tls = (ca_file, cert_file, key_file)
         self.epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
         self._next_step: Optional[int] = None
@@ -95,7 +107,7 @@ class _Stream:
             # A parent's loader, inherited through fork, is left alone: the
             # native side refuses and leaks it rather than touch its runtime.
             self._native = None
-            client = _native.Client(self.endpoint, self._transport, None, None, None)
+            client = _native.Client(self.endpoint, self._transport, *self._tls)
             dataset = client.open(self.name, self._verify, self._token)
             self._native = self._make(dataset)
             self._pid = os.getpid()
