@@ -107,9 +107,7 @@ pub struct WindowLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
-    schedule: StepSchedule,
-    next_issue_step: u64,
-    in_flight: Prefetch<TokenBatch>,
+    steps: Steps<TokenBatch>,
 }
 
 impl WindowLoader {
@@ -157,22 +155,19 @@ impl WindowLoader {
         rank_slice(0, state.global_batch, rank, world)?;
         let domain = window_domain(state.domain_len, u64::from(state.window))?;
         let sampler = IndexSampler::new(domain, state.samples_per_epoch, state.seed)?;
-        let schedule = StepSchedule::from(state.step());
-        let next_issue_step = schedule.first;
-        Ok(Self { dataset, sampler, state, rank, world, schedule, next_issue_step, in_flight: Prefetch::new(prefetch) })
+        let steps = Steps::new(state.step(), prefetch);
+        Ok(Self { dataset, sampler, state, rank, world, steps })
     }
 
     /// Reads the steps of `schedule` from now on; what was read ahead is
     /// dropped.
     pub fn set_schedule(&mut self, schedule: StepSchedule) {
-        self.in_flight.clear();
-        self.schedule = schedule;
-        self.next_issue_step = schedule.first;
+        self.steps.set(schedule);
     }
 
     /// Whether every step of the schedule has been returned.
     pub fn finished(&self) -> bool {
-        self.in_flight.is_empty() && !self.schedule.includes(self.next_issue_step)
+        self.steps.finished()
     }
 
     /// The state after the last batch returned: saving it and building a
@@ -187,14 +182,13 @@ impl WindowLoader {
         Ok(slice.map(|g| self.sampler.index(g)).collect())
     }
 
-    fn issue(&mut self) -> Result<(), LoaderError> {
-        let step = self.next_issue_step;
+    fn issue(&mut self, step: u64) -> Result<(), LoaderError> {
         let starts = self.starts_of_step(step)?;
         let token_bytes = self.state.element_bytes;
         let window_tokens = self.state.window;
         let len = window_tokens * token_bytes;
         let dataset = Arc::clone(&self.dataset);
-        self.in_flight.push(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let ranges: Vec<ReadRange> = starts
                 .iter()
                 .enumerate()
@@ -206,20 +200,17 @@ impl WindowLoader {
                 return Err(LoaderError::Read { step, start: starts[bad], status: statuses[bad].name() });
             }
             Ok(TokenBatch { step, starts, data, window_tokens, token_bytes })
-        }));
-        self.next_issue_step = self.schedule.after(step);
+        });
+        self.steps.issued(step, task);
         Ok(())
     }
 
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
-        while self.in_flight.wants_more() && self.schedule.includes(self.next_issue_step) {
-            self.issue()?;
+        while let Some(step) = self.steps.to_issue() {
+            self.issue(step)?;
         }
-        if self.in_flight.is_empty() {
-            return Err(LoaderError::End(self.next_issue_step));
-        }
-        let batch = self.in_flight.next().await?;
+        let batch = self.steps.next().await?;
         advance(&mut self.state, batch.step);
         Ok(batch)
     }
@@ -229,6 +220,49 @@ impl WindowLoader {
 fn advance(state: &mut SamplerState, step: u64) {
     state.next_sample = (step + 1) * state.global_batch;
     state.epoch = state.next_sample / state.samples_per_epoch;
+}
+
+/// Where a loader's schedule stands: the next step to read and the steps
+/// read ahead. Both loaders keep one.
+struct Steps<T> {
+    schedule: StepSchedule,
+    next_issue: u64,
+    in_flight: Prefetch<T>,
+}
+
+impl<T> Steps<T> {
+    fn new(first: u64, prefetch: usize) -> Self {
+        Self { schedule: StepSchedule::from(first), next_issue: first, in_flight: Prefetch::new(prefetch) }
+    }
+
+    fn set(&mut self, schedule: StepSchedule) {
+        self.in_flight.clear();
+        self.schedule = schedule;
+        self.next_issue = schedule.first;
+    }
+
+    fn finished(&self) -> bool {
+        self.in_flight.is_empty() && !self.schedule.includes(self.next_issue)
+    }
+
+    /// The next step to read, if the schedule has one and the read-ahead
+    /// depth allows it.
+    fn to_issue(&self) -> Option<u64> {
+        (self.in_flight.wants_more() && self.schedule.includes(self.next_issue)).then_some(self.next_issue)
+    }
+
+    fn issued(&mut self, step: u64, task: JoinHandle<Result<T, LoaderError>>) {
+        self.in_flight.push(task);
+        self.next_issue = self.schedule.after(step);
+    }
+
+    /// The oldest step read ahead; `End` once the schedule is done.
+    async fn next(&mut self) -> Result<T, LoaderError> {
+        if self.in_flight.is_empty() {
+            return Err(LoaderError::End(self.next_issue));
+        }
+        self.in_flight.next().await
+    }
 }
 
 /// Steps read ahead, in order; aborted when dropped.
@@ -367,9 +401,7 @@ pub struct RecordLoader {
     state: SamplerState,
     rank: u32,
     world: u32,
-    schedule: StepSchedule,
-    next_issue_step: u64,
-    in_flight: Prefetch<RecordBatch>,
+    steps: Steps<RecordBatch>,
 }
 
 impl RecordLoader {
@@ -414,31 +446,26 @@ impl RecordLoader {
         }
         rank_slice(0, state.global_batch, rank, world)?;
         let sampler = IndexSampler::new(state.domain_len, state.samples_per_epoch, state.seed)?;
-        let schedule = StepSchedule::from(state.step());
-        let next_issue_step = schedule.first;
-        let in_flight = Prefetch::new(prefetch);
-        Ok(Self { dataset, index, sampler, state, rank, world, schedule, next_issue_step, in_flight })
+        let steps = Steps::new(state.step(), prefetch);
+        Ok(Self { dataset, index, sampler, state, rank, world, steps })
     }
 
     /// Reads the steps of `schedule` from now on; what was read ahead is
     /// dropped.
     pub fn set_schedule(&mut self, schedule: StepSchedule) {
-        self.in_flight.clear();
-        self.schedule = schedule;
-        self.next_issue_step = schedule.first;
+        self.steps.set(schedule);
     }
 
     /// Whether every step of the schedule has been returned.
     pub fn finished(&self) -> bool {
-        self.in_flight.is_empty() && !self.schedule.includes(self.next_issue_step)
+        self.steps.finished()
     }
 
     pub fn state(&self) -> SamplerState {
         self.state.clone()
     }
 
-    fn issue(&mut self) -> Result<(), LoaderError> {
-        let step = self.next_issue_step;
+    fn issue(&mut self, step: u64) -> Result<(), LoaderError> {
         let slice = rank_slice(step, self.state.global_batch, self.rank, self.world)?;
         let records: Vec<u64> = slice.map(|g| self.sampler.index(g)).collect();
         let mut ranges = Vec::with_capacity(records.len());
@@ -453,26 +480,23 @@ impl RecordLoader {
         }
         offsets.push(dest as usize);
         let dataset = Arc::clone(&self.dataset);
-        self.in_flight.push(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut data = vec![0u8; dest as usize];
             let statuses = dataset.read_batch(&ranges, &mut data).await?;
             if let Some(bad) = statuses.iter().position(|s| *s != RangeStatus::Ok) {
                 return Err(LoaderError::Read { step, start: records[bad], status: statuses[bad].name() });
             }
             Ok(RecordBatch { step, records, data, offsets })
-        }));
-        self.next_issue_step = self.schedule.after(step);
+        });
+        self.steps.issued(step, task);
         Ok(())
     }
 
     pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
-        while self.in_flight.wants_more() && self.schedule.includes(self.next_issue_step) {
-            self.issue()?;
+        while let Some(step) = self.steps.to_issue() {
+            self.issue(step)?;
         }
-        if self.in_flight.is_empty() {
-            return Err(LoaderError::End(self.next_issue_step));
-        }
-        let batch = self.in_flight.next().await?;
+        let batch = self.steps.next().await?;
         advance(&mut self.state, batch.step);
         Ok(batch)
     }
