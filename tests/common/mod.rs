@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+pub mod etcd;
 #[path = "../../ebpf/tests/hostile/compile.rs"]
 mod hostile;
 pub mod loopdev;
