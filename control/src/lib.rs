@@ -23,7 +23,7 @@ pub mod nvme;
 pub mod openapi;
 mod plane;
 pub mod serve;
-pub mod tar;
+pub use sluice_proto::tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use plane::{

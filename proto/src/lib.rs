@@ -13,6 +13,7 @@ pub mod geometry;
 pub mod lane;
 pub mod npy;
 pub mod status;
+pub mod tar;
 pub mod wire;
 
 pub use api::NodeInfo;

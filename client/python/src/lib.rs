@@ -182,16 +182,8 @@ impl Dataset {
         if needed > length as u64 {
             return Err(PyValueError::new_err(format!("the ranges need {needed} bytes and the buffer has {length}")));
         }
-        if address == 0 && length > 0 {
-            return Err(PyValueError::new_err("a null buffer"));
-        }
         let buf = self.read_contiguous(py, ranges)?;
-        // SAFETY: `address` and `length` describe a live, writable,
-        // contiguous buffer: the Python caller took them from the buffer
-        // protocol (or a tensor's data_ptr and nbytes) of an object it holds
-        // for the whole call, and `buf.len() <= length` was checked above.
-        let target = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, buf.len()) };
-        target.copy_from_slice(&buf);
+        write_to_address(py, address, length, &buf)?;
         Ok(buf.len())
     }
 
@@ -202,9 +194,43 @@ impl Dataset {
     }
 }
 
+/// Copies `bytes` into the `length` bytes at `address`, with the GIL
+/// released; refuses, writing nothing, if they do not fit. `address` and
+/// `length` come from `sluice._buffers.writable_address`: a live, writable,
+/// contiguous host buffer (the buffer protocol, or a tensor's `data_ptr` and
+/// `nbytes`) of an object the Python caller holds for the whole call.
+fn write_to_address(py: Python<'_>, address: usize, length: usize, bytes: &[u8]) -> PyResult<()> {
+    if bytes.len() > length {
+        return Err(PyValueError::new_err(format!("{} bytes do not fit: the buffer has {length}", bytes.len())));
+    }
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    if address == 0 {
+        return Err(PyValueError::new_err("a null buffer"));
+    }
+    // The region is the caller's writable buffer, non-null, at least
+    // `bytes.len()` long, and alive until this call returns; a Python thread
+    // writing the same buffer meanwhile races as with any GIL-free copy.
+    // SAFETY: a valid, writable region of `bytes.len()` bytes (see above).
+    let target = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, bytes.len()) };
+    py.allow_threads(|| target.copy_from_slice(bytes));
+    Ok(())
+}
+
+/// The members of one sample of a `wds` dataset (its tar span), as
+/// `(key, extension, bytes)`, keyed exactly as ingest keyed the sample
+/// (`sluice_proto::tar`). Raises `ValueError` for a span that is not tar.
+#[pyfunction]
+fn wds_members<'py>(py: Python<'py>, span: &[u8]) -> PyResult<Vec<(String, String, Bound<'py, PyBytes>)>> {
+    let members = sluice_proto::tar::keyed_members(span).map_err(|err| PyValueError::new_err(err.to_string()))?;
+    Ok(members.into_iter().map(|(key, ext, data)| (key, ext, PyBytes::new(py, data))).collect())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_function(wrap_pyfunction!(wds_members, m)?)?;
     m.add_class::<Dataset>()?;
     m.add_class::<loaders::WindowLoader>()?;
     m.add_class::<loaders::RecordLoader>()?;

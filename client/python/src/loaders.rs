@@ -111,17 +111,7 @@ impl WindowLoader {
         let windows = self.inner.get_mut()?;
         let runtime = Arc::clone(&windows.runtime);
         let batch = py.allow_threads(|| runtime.block_on(windows.loader.next_batch())).map_err(end_error)?;
-        if batch.data.len() > length || address == 0 {
-            return Err(PyValueError::new_err(format!(
-                "a batch is {} bytes and the buffer has {length}",
-                batch.data.len()
-            )));
-        }
-        // SAFETY: `address` and `length` describe a live, writable,
-        // contiguous buffer the Python caller holds for the whole call (see
-        // `Dataset::read_into_address`); the copy fits, as checked above.
-        let target = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, batch.data.len()) };
-        py.allow_threads(|| target.copy_from_slice(&batch.data));
+        crate::write_to_address(py, address, length, &batch.data)?;
         let rows = batch.starts.len();
         self.last_starts = batch.starts;
         Ok((batch.step, rows))

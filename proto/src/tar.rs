@@ -227,6 +227,17 @@ impl TarIndexer {
 
 /// Splits a sample span back into `(member suffix, data)` pairs.
 pub fn members(span: &[u8]) -> Result<Vec<(String, &[u8])>, TarError> {
+    Ok(keyed_members(span)?.into_iter().map(|(_, suffix, data)| (suffix, data)).collect())
+}
+
+/// One member of a sample: its key, its suffix (WebDataset's extension)
+/// and its data.
+pub type KeyedMember<'a> = (String, String, &'a [u8]);
+
+/// Splits a sample span into `(key, member suffix, data)` per regular
+/// member, keyed as the indexer keyed them ([`sample_key`]): what a reader
+/// of a `wds` dataset turns into WebDataset's sample dicts.
+pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
     let mut out = Vec::new();
     let mut at = 0usize;
     let mut long_name: Option<String> = None;
@@ -245,7 +256,8 @@ pub fn members(span: &[u8]) -> Result<Vec<(String, &[u8])>, TarError> {
             b'x' | b'g' => {}
             b'0' | 0 | b'7' => {
                 let name = long_name.take().unwrap_or_else(|| header_name(block));
-                out.push((sample_key(&name).1.to_string(), data));
+                let (key, suffix) = sample_key(&name);
+                out.push((key.to_string(), suffix.to_string(), data));
             }
             _ => {}
         }
@@ -307,6 +319,8 @@ mod tests {
             let span =
                 &shard[samples[1].offset_bytes as usize..(samples[1].offset_bytes + samples[1].len_bytes) as usize];
             let got = members(span).expect("members");
+            let keys: Vec<String> = keyed_members(span).expect("members").into_iter().map(|(key, _, _)| key).collect();
+            assert_eq!(keys, ["a/001"; 3], "every member keyed as the indexer keyed the sample");
             let want: Vec<(String, &[u8])> =
                 vec![("jpg".into(), &[9u8; 700][..]), ("json".into(), &b"{}"[..]), ("cls".into(), &b"4"[..])];
             assert_eq!(got, want);
