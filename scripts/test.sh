@@ -85,4 +85,4 @@ target/pybuild/bin/maturin build -q --release --manifest-path client/python/Carg
 python3 -m venv target/pyenv
 target/pyenv/bin/python -m pip install -q --upgrade pip
 target/pyenv/bin/python -m pip install -q target/wheels/sluice-*-abi3-*.whl pytest torch torchdata webdataset
-SLUICE_BIN_DIR="$PWD/target/debug" target/pyenv/bin/python -m pytest -q client/python/tests
+SLUICE_PYTHON_REQUIRE=1 SLUICE_BIN_DIR="$PWD/target/debug" target/pyenv/bin/python -m pytest -q client/python/tests

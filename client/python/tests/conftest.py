@@ -1,5 +1,6 @@
 """Fixtures: a real sluiced on loopback ports with a sealed token dataset."""
 
+import importlib
 import os
 import pathlib
 import re
@@ -11,6 +12,15 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BIN = pathlib.Path(os.environ.get("SLUICE_BIN_DIR", ROOT / "target" / "debug"))
+
+
+def need(module: str):
+    """``module``, imported; a skip naming the install step where it is
+    missing, and a failure when ``SLUICE_PYTHON_REQUIRE=1`` (as in
+    ``.ci/run``), so a broken install cannot pass as skipped tests."""
+    if os.environ.get("SLUICE_PYTHON_REQUIRE") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is not installed (scripts/test.sh installs it)")
 
 
 def _binary(name: str) -> str:

@@ -124,7 +124,9 @@ def test_same_sequence_as_rust(node, tmp_path):
 
 
 def test_torch_adapter(node):
-    torch = pytest.importorskip("torch", reason="torch is not installed; the adapter test needs it")
+    from conftest import need
+
+    torch = need("torch")
     from sluice.torch import WindowDataset
 
     ds = WindowDataset(node.endpoint, "toks", window=32, batch_size=4, seed=1)

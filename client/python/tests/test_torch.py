@@ -13,7 +13,9 @@ import pytest
 
 import sluice
 
-torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it)")
+from conftest import need
+
+torch = need("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from sluice.torch import RecordDataset, WdsDataset, WindowDataset, loader_position  # noqa: E402
@@ -88,6 +90,7 @@ def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, toke
 
 
 def test_state_survives_a_resume_with_other_workers_and_world_size(node, records):
+    need("torchdata")
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def dataset(rank=0, world=1):
@@ -163,7 +166,7 @@ def test_a_parent_that_used_the_client_does_not_hang(node, records):
 
 
 def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
-    webdataset = pytest.importorskip("webdataset", reason="webdataset is not installed (scripts/test.sh installs it)")
+    webdataset = need("webdataset")
     rng = random.Random(4)
     shards = []
     for shard in range(3):

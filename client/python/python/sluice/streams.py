@@ -36,6 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _native, wds
+from ._buffers import writable_address
 
 STATE_VERSION = 1
 
@@ -267,7 +268,7 @@ class TokenWindows(_Stream):
         dtype = _DTYPES[loader.token_bytes]
         rows = self._global_batch() // self.world_size
         out = self._empty(rows, dtype)
-        address, nbytes = _address(out)
+        address, nbytes = writable_address(out)
         _, got = loader.next_into(address, nbytes)
         assert got == rows, f"{got} windows for {rows}"
         self.last_starts = loader.last_starts
@@ -275,12 +276,6 @@ class TokenWindows(_Stream):
 
     def _int64(self, out: Any) -> Any:
         return out.astype(np.int64)
-
-
-def _address(out: Any) -> Tuple[int, int]:
-    from ._buffers import writable_address
-
-    return writable_address(out)
 
 
 class Records(_Stream):
