@@ -286,7 +286,8 @@ impl<R: DatasetResolver> Connection<R> {
                             session.opened(name, outcome, || self.plane.open_flow(peer_key(self.peer.ip())))
                         }
                     };
-                    out.send(Outgoing::Control(control_frame(&reply))).await.map_err(|_| closed())?;
+                    let sent = out.send(Outgoing::Control(control_frame(&reply)));
+                    self.unless_revoked(session, &mut revocations, sent).await?.map_err(|_| closed())?;
                 }
                 FrameKind::BatchRequest => {
                     let (request, descriptors) = wire::parse_batch_request(&payload)?;
@@ -300,7 +301,9 @@ impl<R: DatasetResolver> Connection<R> {
                     let (slot, flow, counters) = match admission {
                         Admission::Refused(status) => {
                             let refused = Outgoing::Refused { batch_id, range_count, status, permit };
-                            out.send(refused).await.map_err(|_| closed())?;
+                            self.unless_revoked(session, &mut revocations, out.send(refused))
+                                .await?
+                                .map_err(|_| closed())?;
                             continue;
                         }
                         Admission::Admitted { slot, flow, counters } => (slot, flow, counters),
@@ -311,17 +314,20 @@ impl<R: DatasetResolver> Connection<R> {
                         .collect();
                     let (reply, result) = oneshot::channel();
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply };
-                    let outgoing = match self.plane.submit(batch).await {
-                        Ok(()) => {
-                            let tally = Tally { counters, submitted: std::time::Instant::now() };
-                            Outgoing::Batch { batch_id, range_count, result, permit, tally }
-                        }
-                        Err(_) => {
-                            counters.record_failed_batch();
-                            Outgoing::Refused { batch_id, range_count, status: BatchStatus::ShuttingDown, permit }
-                        }
-                    };
-                    out.send(outgoing).await.map_err(|_| closed())?;
+                    let outgoing =
+                        match self.unless_revoked(session, &mut revocations, self.plane.submit(batch)).await? {
+                            Ok(()) => {
+                                let tally = Tally { counters, submitted: std::time::Instant::now() };
+                                Outgoing::Batch { batch_id, range_count, result, permit, tally }
+                            }
+                            Err(_) => {
+                                counters.record_failed_batch();
+                                Outgoing::Refused { batch_id, range_count, status: BatchStatus::ShuttingDown, permit }
+                            }
+                        };
+                    // A reader that stopped draining fills the writer's queue:
+                    // a revocation must not wait behind it.
+                    self.unless_revoked(session, &mut revocations, out.send(outgoing)).await?.map_err(|_| closed())?;
                 }
                 other => return Err(Fatal::unexpected_frame(other, FrameKind::BatchRequest)),
             }
