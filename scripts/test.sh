@@ -53,9 +53,17 @@ cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 echo "== layout (the crates' dependency rules)"
 bash scripts/check-layout.sh
 
+echo "== S3-compatible server (moto, from PyPI) for the source-backed dataset tests"
+rm -rf target/s3env
+python3 -m venv target/s3env
+target/s3env/bin/python -m pip install -q --upgrade pip
+target/s3env/bin/python -m pip install -q 'moto[server]>=5,<6'
+export SLUICE_MOTO_SERVER="$PWD/target/s3env/bin/moto_server"
+
 echo "== tests"
-# The cluster tests fail rather than skip when etcd is missing here.
-SLUICE_ETCD_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
+# The cluster tests fail rather than skip when etcd is missing here, and
+# the source tests when moto is.
+SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.

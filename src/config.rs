@@ -104,6 +104,15 @@ pub struct NodeConfig {
     /// from 5.1 k to 3.6 k IOPS, the spinning core taking the CPU the
     /// connection's tasks needed.
     pub poll_window_us: u64,
+    /// Source-backed datasets: how long one request to an object store,
+    /// body included, may take before it is cut off and retried (a stalled
+    /// response).
+    pub source_timeout_ms: u64,
+    /// Source-backed datasets: retries of a failed fetch (a 5xx, a reset,
+    /// a timeout, a short body) before its ranges fail as unavailable.
+    pub source_retries: u32,
+    /// Source-backed datasets: ranged GETs in flight at once, node-wide.
+    pub source_fetches_max: usize,
     /// No access control at all: the control API checks no credential and
     /// any client reaching the data port reads any sealed dataset; listens
     /// off loopback without TLS. Local development only; the node warns.
@@ -216,6 +225,9 @@ impl Default for NodeConfig {
             ebpf_kernel_trace: true,
             latency_lane_max_bytes: 512 * 1024,
             poll_window_us: 0,
+            source_timeout_ms: 30_000,
+            source_retries: 4,
+            source_fetches_max: 16,
             insecure: false,
             admin_tokens: None,
             metrics_listen: None,

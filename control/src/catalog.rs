@@ -144,6 +144,7 @@ pub(crate) fn new_record(
         record_size_bytes: None,
         record_count: 0,
         placement: Vec::new(),
+        source: None,
     }
 }
 

@@ -23,12 +23,13 @@ pub mod nvme;
 pub mod openapi;
 mod plane;
 pub mod serve;
+pub mod source;
 pub use sluice_proto::tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use plane::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
-    PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport,
+    PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport, SourceSpec,
 };
 pub use sluice_proto::api::DatasetKind;
 pub use sluice_proto::NodeInfo;

@@ -136,6 +136,29 @@ pub enum DatasetCommand {
         /// them (the smallest such), else in a file.
         #[arg(long, value_name = "BYTES")]
         size: Option<u64>,
+        /// Serve it from these objects, listed and pinned (size, ETag) now
+        /// and fetched as they are read: s3://bucket/key, s3://bucket/prefix/
+        /// (every object under it, in key order), gs://, az://, https://,
+        /// file://. Credentials and endpoints from the node's AWS_* (or
+        /// GOOGLE_*, AZURE_*) environment.
+        #[arg(long, value_name = "URL", value_delimiter = ',')]
+        source: Vec<String>,
+        /// With --source, for `records` with variable sizes: the object of
+        /// their offsets (n + 1 little-endian u64, raw or .npy) over the
+        /// concatenated objects.
+        #[arg(long, value_name = "URL", requires = "source")]
+        index: Option<String>,
+    },
+    /// Fill a source-backed dataset from its source, with a progress bar;
+    /// resumed after a restart. Once complete it has its content hash.
+    Warm {
+        name: String,
+        /// Runs of chunks (up to 4 MiB each) fetched at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+        /// Start it and return.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Append files (raw, .npy arrays, or tar shards for wds) in order.
     Ingest {

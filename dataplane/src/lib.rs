@@ -19,7 +19,7 @@ pub mod probe;
 pub mod steer;
 
 pub use blocks::VERIFY_BLOCK_BYTES;
-pub use dataset::{ByteRange, DatasetView};
+pub use dataset::{BlockCrcs, ByteRange, DatasetView};
 pub use dma::{Arena, SlotLease};
 pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,

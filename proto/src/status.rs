@@ -9,6 +9,12 @@ pub enum RangeStatus {
     OutOfBounds = 1,
     IoError = 2,
     ChecksumMismatch = 3,
+    /// A source-backed dataset's object changed or vanished since it was
+    /// pinned at create: its bytes are never served mixed with the old.
+    SourceChanged = 4,
+    /// A source-backed dataset's chunk could not be fetched from its
+    /// source within the retry budget.
+    SourceUnavailable = 5,
 }
 
 impl RangeStatus {
@@ -18,6 +24,8 @@ impl RangeStatus {
             1 => Some(Self::OutOfBounds),
             2 => Some(Self::IoError),
             3 => Some(Self::ChecksumMismatch),
+            4 => Some(Self::SourceChanged),
+            5 => Some(Self::SourceUnavailable),
             _ => None,
         }
     }
@@ -28,6 +36,8 @@ impl RangeStatus {
             Self::OutOfBounds => "out of bounds",
             Self::IoError => "I/O error",
             Self::ChecksumMismatch => "checksum mismatch",
+            Self::SourceChanged => "source changed",
+            Self::SourceUnavailable => "source unavailable",
         }
     }
 }
@@ -38,9 +48,16 @@ mod tests {
 
     #[test]
     fn every_status_round_trips_through_its_byte() {
-        for status in [RangeStatus::Ok, RangeStatus::OutOfBounds, RangeStatus::IoError, RangeStatus::ChecksumMismatch] {
+        for status in [
+            RangeStatus::Ok,
+            RangeStatus::OutOfBounds,
+            RangeStatus::IoError,
+            RangeStatus::ChecksumMismatch,
+            RangeStatus::SourceChanged,
+            RangeStatus::SourceUnavailable,
+        ] {
             assert_eq!(RangeStatus::from_u8(status as u8), Some(status));
         }
-        assert_eq!(RangeStatus::from_u8(4), None);
+        assert_eq!(RangeStatus::from_u8(6), None);
     }
 }

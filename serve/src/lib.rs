@@ -12,8 +12,10 @@ pub mod config;
 pub mod metrics;
 #[cfg(feature = "rdma")]
 pub mod rc;
+pub mod read_through;
 pub mod session;
 pub mod tcp;
 
 pub use config::ServerConfig;
+pub use read_through::ReadThrough;
 pub use session::{DatasetResolver, OpenError, Opened};

@@ -26,6 +26,7 @@ use sluice_proto::wire::{self, BatchStatus, FrameKind};
 use tokio::sync::watch;
 
 use crate::metrics::DatasetCounters;
+use crate::read_through::ReadThrough;
 
 /// The protocol version both ends speak.
 pub const PROTOCOL: u32 = 1;
@@ -58,6 +59,9 @@ pub struct Opened {
     pub grant: Option<u64>,
     /// Where this dataset's serving counters go.
     pub counters: Arc<DatasetCounters>,
+    /// A source-backed dataset's cache, which fills missing chunks before
+    /// a batch is read; `None` for an ingested dataset.
+    pub read_through: Option<Arc<dyn ReadThrough>>,
 }
 
 /// Why an open failed; sent to that client only.
@@ -156,7 +160,13 @@ pub enum Admission {
     /// Hand the batch to the data plane; its outcome is counted in
     /// `counters` (by `metrics::settle`, or `record_failed_batch` if the
     /// data plane refuses it).
-    Admitted { slot: DatasetSlot, flow: Flow, counters: Arc<DatasetCounters> },
+    Admitted {
+        slot: DatasetSlot,
+        flow: Flow,
+        counters: Arc<DatasetCounters>,
+        /// Submit through it ([`crate::read_through::submit`]) when set.
+        read_through: Option<Arc<dyn ReadThrough>>,
+    },
     /// Answer the batch with this status at once; already counted.
     Refused(BatchStatus),
 }
@@ -167,6 +177,7 @@ struct Handle {
     counters: Arc<DatasetCounters>,
     /// Held while the handle is: its steering flow closes with it.
     flow: FlowLease,
+    read_through: Option<Arc<dyn ReadThrough>>,
 }
 
 /// One client session's protocol state.
@@ -269,7 +280,7 @@ impl Session {
         outcome: Result<Opened, OpenError>,
         flow: impl FnOnce() -> FlowLease,
     ) -> ControlMessage {
-        let Opened { slot, info, grant, counters } = match outcome {
+        let Opened { slot, info, grant, counters, read_through } = match outcome {
             Ok(opened) => opened,
             Err(err) => return ControlMessage::Error { code: err.code, message: err.message },
         };
@@ -282,7 +293,7 @@ impl Session {
         }
         let handle = self.next_handle;
         self.next_handle = self.next_handle.wrapping_add(1).max(1);
-        self.handles.insert(handle, Handle { slot, counters, flow: flow() });
+        self.handles.insert(handle, Handle { slot, counters, flow: flow(), read_through });
         if let Some(grant) = grant {
             // A re-open under the same grant adds no entry.
             if !self.granted.iter().any(|(g, _)| *g == grant) {
@@ -319,7 +330,12 @@ impl Session {
             held.counters.record_failed_batch();
             return Ok(Admission::Refused(status));
         }
-        Ok(Admission::Admitted { slot: held.slot, flow: held.flow.flow(), counters: Arc::clone(&held.counters) })
+        Ok(Admission::Admitted {
+            slot: held.slot,
+            flow: held.flow.flow(),
+            counters: Arc::clone(&held.counters),
+            read_through: held.read_through.clone(),
+        })
     }
 
     /// The dataset whose grant no longer stands, if one does not.

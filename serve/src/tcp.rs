@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
 use crate::metrics::{settle, DatasetCounters};
+use crate::read_through;
 use crate::session::DatasetResolver;
 use crate::session::{Admission, ControlAction, Fatal, Session};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode};
@@ -298,7 +299,7 @@ impl<R: DatasetResolver> Connection<R> {
                     let acquire = Arc::clone(semaphore).acquire_owned();
                     let permit =
                         self.unless_revoked(session, &mut revocations, acquire).await?.map_err(|_| closed())?;
-                    let (slot, flow, counters) = match admission {
+                    let (slot, flow, counters, through) = match admission {
                         Admission::Refused(status) => {
                             let refused = Outgoing::Refused { batch_id, range_count, status, permit };
                             self.unless_revoked(session, &mut revocations, out.send(refused))
@@ -306,7 +307,9 @@ impl<R: DatasetResolver> Connection<R> {
                                 .map_err(|_| closed())?;
                             continue;
                         }
-                        Admission::Admitted { slot, flow, counters } => (slot, flow, counters),
+                        Admission::Admitted { slot, flow, counters, read_through } => {
+                            (slot, flow, counters, read_through)
+                        }
                     };
                     let ranges: Vec<ByteRange> = descriptors
                         .iter()
@@ -314,17 +317,17 @@ impl<R: DatasetResolver> Connection<R> {
                         .collect();
                     let (reply, result) = oneshot::channel();
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply };
-                    let outgoing =
-                        match self.unless_revoked(session, &mut revocations, self.plane.submit(batch)).await? {
-                            Ok(()) => {
-                                let tally = Tally { counters, submitted: std::time::Instant::now() };
-                                Outgoing::Batch { batch_id, range_count, result, permit, tally }
-                            }
-                            Err(_) => {
-                                counters.record_failed_batch();
-                                Outgoing::Refused { batch_id, range_count, status: BatchStatus::ShuttingDown, permit }
-                            }
-                        };
+                    let submitted = read_through::submit(&self.plane, batch, through.as_ref());
+                    let outgoing = match self.unless_revoked(session, &mut revocations, submitted).await? {
+                        Ok(()) => {
+                            let tally = Tally { counters, submitted: std::time::Instant::now() };
+                            Outgoing::Batch { batch_id, range_count, result, permit, tally }
+                        }
+                        Err(_) => {
+                            counters.record_failed_batch();
+                            Outgoing::Refused { batch_id, range_count, status: BatchStatus::ShuttingDown, permit }
+                        }
+                    };
                     // A reader that stopped draining fills the writer's queue:
                     // a revocation must not wait behind it.
                     self.unless_revoked(session, &mut revocations, out.send(outgoing)).await?.map_err(|_| closed())?;

@@ -177,6 +177,12 @@ impl Node {
             config.adopt,
         )?);
         control.set_access(access);
+        control.set_source_options(sluice_control::source::SourceOptions {
+            request_timeout: std::time::Duration::from_millis(config.source_timeout_ms.max(1)),
+            retries: config.source_retries,
+            fetches_in_flight_max: config.source_fetches_max.max(1),
+            ..sluice_control::source::SourceOptions::default()
+        });
         control.set_policy_rules(sluice_control::PolicyRules {
             load_enabled: config.policy_load,
             allowlist: config.policy_digests().map_err(NodeError::Access)?,
@@ -357,6 +363,16 @@ impl Node {
             tasks.push(
                 control_runtime.spawn(crate::cluster_loops::refresh_grants(Arc::clone(&control), shutdown.subscribe())),
             );
+        }
+        {
+            // Warms a restart interrupted go on, on the control runtime
+            // where their fills belong.
+            let control = Arc::clone(&control);
+            control_runtime.spawn(async move {
+                if let Err(err) = control.resume_warms().await {
+                    tracing::error!(%err, "going on with interrupted warms");
+                }
+            });
         }
         let rdma_addr = config.rdma_listen;
         Ok(Self {

@@ -14,6 +14,7 @@ pub mod etcd;
 mod hostile;
 pub mod loopdev;
 pub mod pki;
+pub mod s3;
 
 /// A `sluiced` child process, killed when dropped.
 pub struct NodeProcess {
@@ -57,7 +58,23 @@ impl NodeProcess {
         Self::spawn_to(data_dir, extra, Stdio::inherit(), None)
     }
 
+    /// A node without access control whose environment has `env` too
+    /// (an object store's endpoint and credentials).
+    pub fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(String, String)]) -> Self {
+        Self::spawn_env(data_dir, &[&["--insecure"], extra].concat(), Stdio::inherit(), None, env)
+    }
+
     fn spawn_to(data_dir: &Path, extra: &[&str], stderr: Stdio, log_filter: Option<&str>) -> Self {
+        Self::spawn_env(data_dir, extra, stderr, log_filter, &[])
+    }
+
+    fn spawn_env(
+        data_dir: &Path,
+        extra: &[&str],
+        stderr: Stdio,
+        log_filter: Option<&str>,
+        env: &[(String, String)],
+    ) -> Self {
         let log_filter = log_filter
             .map(str::to_string)
             .unwrap_or_else(|| std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn,sluice::node=error".into()));
@@ -65,6 +82,7 @@ impl NodeProcess {
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("SLUICE_LOG", log_filter)
             .stdout(Stdio::piped())
             .stderr(stderr)

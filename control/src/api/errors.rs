@@ -43,6 +43,8 @@ impl From<ControlError> for ApiError {
             ControlError::PolicyLoadOff => StatusCode::FORBIDDEN,
             ControlError::Elsewhere { .. } => StatusCode::MISDIRECTED_REQUEST,
             ControlError::Cluster(_) => StatusCode::CONFLICT,
+            // The source, not this node, failed or does not fit.
+            ControlError::Source(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status, code: err.code().to_string(), message: err.to_string() }

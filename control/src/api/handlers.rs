@@ -28,6 +28,8 @@ use super::*;
         list,
         create,
         stat,
+        warm,
+        cache,
         remove,
         ingest,
         seal,
@@ -124,6 +126,15 @@ pub struct CreateRequest {
     /// holds them (the smallest such), else a file.
     #[serde(default)]
     pub size_bytes: Option<u64>,
+    /// Makes a source-backed dataset: object URLs (`s3://bucket/key`,
+    /// `s3://bucket/prefix/` for every object under it in key order,
+    /// `gs://`, `az://`, `https://`, `file://`), listed and pinned now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source: Vec<String>,
+    /// A source-backed `records` dataset's offsets object (`n + 1` u64,
+    /// raw or `.npy`) over the concatenated objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<String>,
 }
 
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = CreateRequest, responses((status = 201, body = crate::catalog::DatasetRecord), (status = 409, body = ApiErrorBody), (status = 507, body = ApiErrorBody)))]
@@ -132,6 +143,14 @@ pub(super) async fn create(
     ApiJson(request): ApiJson<CreateRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let kind: DatasetKind = request.kind.parse().map_err(bad_request)?;
+    if !request.source.is_empty() {
+        let spec = crate::plane::SourceSpec { urls: request.source, index: request.index };
+        let created = control.create_from_source(&request.name, kind, request.record_size, spec).await?;
+        return Ok((StatusCode::CREATED, Json(created)));
+    }
+    if request.index.is_some() {
+        return Err(bad_request("index names a source-backed records dataset's offsets object: give source too"));
+    }
     let created = tokio::task::spawn_blocking(move || {
         control.create_with(&request.name, kind, request.record_size, request.size_bytes)
     })
@@ -190,6 +209,40 @@ pub(super) async fn stat(
     ApiPath(name): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.get(&name)?))
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    /// Runs of chunks (up to 4 MiB each) fetched at once; 4 if not given.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 256)]
+    pub parallel: Option<usize>,
+}
+
+/// Starts filling every chunk of a source-backed dataset from its source
+/// (idempotent; a restart goes on with it). Its progress is
+/// `GET .../cache`; once complete, the dataset has its content hash.
+#[utoipa::path(post, path = "/v1/datasets/{name}/warm", tag = "datasets", params(("name" = String, Path)), request_body = WarmRequest, responses((status = 202, body = sluice_proto::api::CacheReport), (status = 404, body = ApiErrorBody), (status = 502, body = ApiErrorBody)))]
+pub(super) async fn warm(
+    State(control): State<Shared>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(request): ApiJson<WarmRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let parallel = request.parallel.unwrap_or(4);
+    if !(1..=256).contains(&parallel) {
+        return Err(bad_request("parallel is 1 to 256"));
+    }
+    Ok((StatusCode::ACCEPTED, Json(control.warm(&name, parallel).await?)))
+}
+
+/// How much of a source-backed dataset is on the node, and its fills.
+#[utoipa::path(get, path = "/v1/datasets/{name}/cache", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = sluice_proto::api::CacheReport), (status = 404, body = ApiErrorBody), (status = 502, body = ApiErrorBody)))]
+pub(super) async fn cache(
+    State(control): State<Shared>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.cache_report(&name).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/datasets/{name}", tag = "datasets", params(("name" = String, Path)), responses((status = 204, description = "Deleted; its namespace released and its grants revoked"), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]

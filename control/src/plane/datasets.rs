@@ -96,26 +96,7 @@ impl ControlPlane {
                 record.kind, record.record_size_bytes
             )));
         }
-        let data = match format {
-            IngestFormat::Raw => bytes,
-            IngestFormat::Npy => {
-                let header =
-                    sluice_proto::npy::parse_header(bytes).map_err(|e| ControlError::Records(e.to_string()))?;
-                if !matches!(header.descr.as_str(), "<u8" | "<i8") {
-                    return Err(ControlError::Records(format!("offsets must be <u8 or <i8, not {}", header.descr)));
-                }
-                let data = &bytes[header.data_offset_bytes..];
-                if Some(data.len() as u64) != header.data_len_bytes() {
-                    return Err(ControlError::Records("truncated offsets .npy".into()));
-                }
-                data
-            }
-        };
-        if data.len() % 8 != 0 || data.len() < 8 {
-            return Err(ControlError::Records(format!("{} bytes of offsets is not a list of u64", data.len())));
-        }
-        let offsets: Vec<u64> =
-            data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        let offsets = parse_offsets(bytes, format)?;
         let count = offsets.len() as u64 - 1;
         self.staged_offsets.lock().map_err(|_| ControlError::Busy(name.into()))?.insert(name.to_string(), offsets);
         Ok(count)
@@ -190,6 +171,11 @@ impl ControlPlane {
 
     pub fn chunk_crcs(&self, name: &str) -> Result<Vec<u32>, ControlError> {
         let record = self.catalog.require(name)?;
+        if record.source.is_some() && record.content_hash.is_none() {
+            return Err(ControlError::Source(format!(
+                "{name} is source-backed and not yet warm: its chunk checksums are known once `sluicectl dataset warm {name}` finishes"
+            )));
+        }
         Ok(self.catalog.chunk_crcs(record.id)?)
     }
 
@@ -291,10 +277,36 @@ impl ControlPlane {
             self.plane.detach(attached.slot).await;
         }
         self.remove_namespace(&record);
+        self.forget_cache(&record);
         self.catalog.remove(&record)?;
         if let Ok(mut serving) = self.serving.lock() {
             serving.remove(name);
         }
         Ok(())
     }
+}
+
+/// A records dataset's offsets (`n + 1` little-endian u64s, raw or as a
+/// `.npy` of `<u8`/`<i8`), checked to be a list of u64; the caller checks
+/// them against the data.
+pub(super) fn parse_offsets(bytes: &[u8], format: IngestFormat) -> Result<Vec<u64>, ControlError> {
+    let data = match format {
+        IngestFormat::Raw => bytes,
+        IngestFormat::Npy => {
+            let header = sluice_proto::npy::parse_header(bytes).map_err(|e| ControlError::Records(e.to_string()))?;
+            if !matches!(header.descr.as_str(), "<u8" | "<i8") {
+                return Err(ControlError::Records(format!("offsets must be <u8 or <i8, not {}", header.descr)));
+            }
+            let data = &bytes[header.data_offset_bytes..];
+            if Some(data.len() as u64) != header.data_len_bytes() {
+                return Err(ControlError::Records("truncated offsets .npy".into()));
+            }
+            data
+        }
+    };
+    if data.len() % 8 != 0 || data.len() < 8 {
+        return Err(ControlError::Records(format!("{} bytes of offsets is not a list of u64", data.len())));
+    }
+    let offsets: Vec<u64> = data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+    Ok(offsets)
 }

@@ -33,11 +33,13 @@ mod policy;
 mod reads;
 mod replication;
 mod reports;
+mod sources;
 mod user_space;
 
 use allocator::{best_fit, hint_words};
 pub use datasets::{IndexSource, IngestSession};
 pub use reads::Resolver;
+pub use sources::SourceSpec;
 
 pub use replication::{CatalogChoice, ReplicaJob, ReplicaTarget};
 pub use sluice_proto::api::{ClusterStatus, DeviceReport, ScrubReport};
@@ -83,6 +85,10 @@ pub enum ControlError {
     Cluster(String),
     #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
+    /// A source URL, listing or fetch failed, or its objects do not fit
+    /// the dataset's kind.
+    #[error("{0}")]
+    Source(String),
 }
 
 impl ControlError {
@@ -112,6 +118,7 @@ impl ControlError {
             Self::Elsewhere { .. } => "elsewhere",
             Self::Cluster(_) => "cluster",
             Self::Identity(_) => "identity",
+            Self::Source(_) => "source",
         }
     }
 }
@@ -183,6 +190,11 @@ pub struct ControlPlane {
     unknown_token_refreshes: Mutex<(std::time::Instant, u32)>,
     /// Serving counters per dataset name, shared with the transports.
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
+    data_dir: PathBuf,
+    /// Object stores and how fetches from them behave.
+    sources: RwLock<Arc<crate::source::Sources>>,
+    /// Source-backed datasets' caches, by name, made at first open.
+    caches: Mutex<HashMap<String, Arc<crate::source::cache::ChunkCache>>>,
 }
 
 /// Where a node may put datasets besides files in its data directory.
@@ -349,6 +361,9 @@ impl ControlPlane {
             policy_rules: RwLock::new(PolicyRules::default()),
             unknown_token_refreshes: Mutex::new((std::time::Instant::now(), 0)),
             serving: Mutex::new(HashMap::new()),
+            data_dir: data_dir.to_path_buf(),
+            sources: RwLock::new(Arc::new(crate::source::Sources::new(Default::default()))),
+            caches: Mutex::new(HashMap::new()),
         };
         control.recover()?;
         control.warn_refused_devices();

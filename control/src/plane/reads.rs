@@ -94,15 +94,19 @@ impl ControlPlane {
         if !self.holds_ready_copy(&record)? {
             return Err(ControlError::Elsewhere { name: name.into(), elsewhere: self.replica_endpoints(name) });
         }
-        let namespace = self.namespace(&record)?;
-        let chunk_crcs = self.catalog.chunk_crcs(record.id)?;
-        let block_crcs = self.block_checksums(&record, &*namespace, &chunk_crcs)?;
-        let view = DatasetView {
-            dataset_id: record.id,
-            namespace,
-            base_offset_bytes: record.namespace.base_offset_bytes,
-            length_bytes: record.length_bytes,
-            block_crcs: block_crcs.into(),
+        let view = if record.source.is_some() {
+            self.source_view(&record)?
+        } else {
+            let namespace = self.namespace(&record)?;
+            let chunk_crcs = self.catalog.chunk_crcs(record.id)?;
+            let block_crcs = self.block_checksums(&record, &*namespace, &chunk_crcs)?;
+            DatasetView {
+                dataset_id: record.id,
+                namespace,
+                base_offset_bytes: record.namespace.base_offset_bytes,
+                length_bytes: record.length_bytes,
+                block_crcs: block_crcs.into(),
+            }
         };
         let mut attached = self.attached.lock().await;
         if let Some(entry) = attached.get(name) {
@@ -110,10 +114,16 @@ impl ControlPlane {
             return Ok((entry.slot, entry.info.clone()));
         }
         let slot = self.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+        // A source-backed dataset is named by its pinned manifest, the
+        // same before and after its bytes reach the node.
+        let identity = match &record.source {
+            Some(source) => Some(source.manifest_hash.clone()),
+            None => record.content_hash.clone(),
+        };
         let info = OpenInfo {
             kind: record.kind.to_string(),
             length_bytes: record.length_bytes,
-            content_hash: record.content_hash.clone().unwrap_or_default(),
+            content_hash: identity.unwrap_or_default(),
             chunk_size_bytes: record.chunk_size_bytes,
             replicas: Vec::new(),
         };
@@ -138,6 +148,8 @@ impl ControlPlane {
     /// verifies each against the manifest, and reports the ones that fail.
     pub async fn scrub(&self, name: &str) -> Result<ScrubReport, ControlError> {
         let (slot, info) = self.open_for_read(name).await?;
+        // Of a source-backed dataset, the chunks on the node.
+        let cache = self.caches.lock().ok().and_then(|c| c.get(name).cloned());
         let chunk = info.chunk_size_bytes;
         let chunks = info.length_bytes.div_ceil(chunk);
         let mut bad_chunks = Vec::new();
@@ -145,15 +157,21 @@ impl ControlPlane {
         while first < chunks {
             let last = (first + SCRUB_CHUNKS_PER_BATCH).min(chunks);
             let ranges: Vec<sluice_dataplane::ByteRange> = (first..last)
+                .filter(|&c| cache.as_ref().is_none_or(|cache| cache.is_present(c)))
                 .map(|c| sluice_dataplane::ByteRange {
                     offset_bytes: c * chunk,
                     len_bytes: (chunk.min(info.length_bytes - c * chunk)) as u32,
                 })
                 .collect();
-            let result = self.plane.read(slot, ranges).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
-            for (i, status) in result.statuses().iter().enumerate() {
+            if ranges.is_empty() {
+                first = last;
+                continue;
+            }
+            let result =
+                self.plane.read(slot, ranges.clone()).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+            for (range, status) in ranges.iter().zip(result.statuses()) {
                 if *status != sluice_proto::RangeStatus::Ok {
-                    bad_chunks.push((first + i as u64, status.name().to_string()));
+                    bad_chunks.push((range.offset_bytes / chunk, status.name().to_string()));
                 }
             }
             first = last;
@@ -180,6 +198,6 @@ impl ControlPlane {
         })?;
         let mut info = info;
         info.replicas = self.replica_endpoints(&name);
-        Ok(Opened { slot, info, grant, counters: self.counters(&name) })
+        Ok(Opened { slot, info, grant, counters: self.counters(&name), read_through: self.read_through(&name) })
     }
 }

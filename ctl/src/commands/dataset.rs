@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
-use sluice_proto::api::{Appended, DatasetKind, DatasetRecord, DatasetState};
+use sluice_proto::api::{Appended, CacheReport, DatasetKind, DatasetRecord, DatasetState};
 use sluice_proto::npy;
 
 use crate::api::Api;
@@ -16,15 +16,30 @@ use crate::error::{json_line, local, unreadable_answer, CtlError, Result};
 
 pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
     match command {
-        DatasetCommand::Create { name, kind, record_size, size } => {
-            let body =
+        DatasetCommand::Create { name, kind, record_size, size, source, index } => {
+            let mut body =
                 serde_json::json!({ "name": name, "kind": kind, "record_size": record_size, "size_bytes": size });
+            if !source.is_empty() {
+                body["source"] = serde_json::json!(source);
+                body["index"] = serde_json::json!(index);
+            }
             let record: DatasetRecord = api
                 .call(api.request("POST", "/v1/datasets").send_json(body))?
                 .into_json()
                 .map_err(unreadable_answer)?;
-            print_record(&record, json, &format!("created {} ({})", record.name, record.kind));
+            let human = match &record.source {
+                Some(source) => format!(
+                    "created {} ({}, {} bytes from {} objects, pinned; readable now)",
+                    record.name,
+                    record.kind,
+                    record.length_bytes,
+                    source.objects.len()
+                ),
+                None => format!("created {} ({})", record.name, record.kind),
+            };
+            print_record(&record, json, &human);
         }
+        DatasetCommand::Warm { name, parallel, no_wait } => warm(api, json, name, *parallel, *no_wait)?,
         DatasetCommand::Ingest { name, files, format, index } => {
             // Refuse early what the node would refuse after the upload.
             let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
@@ -85,9 +100,24 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
         }
         DatasetCommand::Stat { name } => {
             let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
-            let pretty =
-                serde_json::to_string_pretty(&record).map_err(|e| CtlError::Failed(format!("encoding JSON: {e}")))?;
-            print_record(&record, json, &pretty);
+            let cache: Option<CacheReport> = match record.source {
+                Some(_) => Some(api.get_json(&format!("/v1/datasets/{name}/cache"))?),
+                None => None,
+            };
+            if json {
+                let mut value = serde_json::to_value(&record).map_err(|e| CtlError::Failed(e.to_string()))?;
+                if let Some(cache) = &cache {
+                    value["cache"] = serde_json::to_value(cache).map_err(|e| CtlError::Failed(e.to_string()))?;
+                }
+                println!("{value}");
+            } else {
+                let pretty = serde_json::to_string_pretty(&record)
+                    .map_err(|e| CtlError::Failed(format!("encoding JSON: {e}")))?;
+                println!("{pretty}");
+                if let Some(cache) = cache {
+                    println!("{}", cache_line(&cache));
+                }
+            }
         }
         DatasetCommand::Rm { name } => {
             api.call(api.request("DELETE", &format!("/v1/datasets/{name}")).call())?;
@@ -97,6 +127,80 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
                 println!("deleted {name}");
             }
         }
+    }
+    Ok(())
+}
+
+/// One line on a source-backed dataset's cache.
+fn cache_line(cache: &CacheReport) -> String {
+    let mut line = format!(
+        "cache: {}/{} chunks present{}{}; filled {} chunks ({} bytes); source errors {}, changed {}",
+        cache.chunks_present,
+        cache.chunks_total,
+        if cache.hydrated { ", hydrated" } else { "" },
+        if cache.warming { ", warming" } else { "" },
+        cache.chunks_filled,
+        cache.bytes_filled,
+        cache.source_errors,
+        cache.source_changed,
+    );
+    if let Some(err) = &cache.last_error {
+        line.push_str(&format!("; last error: {err}"));
+    }
+    line
+}
+
+/// Starts a warm and, unless `no_wait`, follows it to the end.
+fn warm(api: &Api, json: bool, name: &str, parallel: usize, no_wait: bool) -> Result<()> {
+    let started: CacheReport = api
+        .call(
+            api.request("POST", &format!("/v1/datasets/{name}/warm"))
+                .send_json(serde_json::json!({ "parallel": parallel })),
+        )?
+        .into_json()
+        .map_err(unreadable_answer)?;
+    let bar = (!json && !no_wait).then(|| {
+        let bar = ProgressBar::new(started.chunks_total);
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} chunks {per_sec} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("warming {name}"));
+        bar
+    });
+    let mut report = started;
+    while !no_wait && !report.hydrated {
+        if let Some(bar) = &bar {
+            bar.set_position(report.chunks_present);
+        }
+        if !report.warming && !report.hydrated {
+            if let Some(bar) = &bar {
+                bar.abandon();
+            }
+            return Err(CtlError::Failed(format!(
+                "warming {name} stopped with {} of {} chunks present: {}; run it again to go on",
+                report.chunks_present,
+                report.chunks_total,
+                report.last_error.as_deref().unwrap_or("no error recorded")
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        report = api.get_json(&format!("/v1/datasets/{name}/cache"))?;
+    }
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    if json {
+        println!("{}", json_line(&report)?);
+    } else if report.hydrated {
+        let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
+        println!(
+            "{name} is warm: {} chunks on the node, content hash {}",
+            report.chunks_total,
+            record.content_hash.unwrap_or_default()
+        );
+    } else {
+        println!("{}", cache_line(&report));
     }
     Ok(())
 }

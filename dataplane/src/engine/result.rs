@@ -22,6 +22,14 @@ impl BatchResult {
         &self.plan.statuses
     }
 
+    /// Fails range `index` for a reason found before it was read (a
+    /// source-backed chunk that could not be filled): its bytes, if any,
+    /// are no longer served.
+    pub fn fail_range(&mut self, index: usize, status: RangeStatus) {
+        assert_ne!(status, RangeStatus::Ok, "failing a range with Ok");
+        self.plan.statuses[index] = status;
+    }
+
     /// Bytes of every `Ok` range, in request order.
     pub fn payload_bytes(&self) -> u64 {
         (0..self.plan.statuses.len())

@@ -10,7 +10,7 @@ fn small_config() -> DataPlaneConfig {
 }
 
 /// The block checksums of `data`, as a sealed dataset's view has them.
-fn blocks(data: &[u8]) -> Arc<[u32]> {
+fn blocks(data: &[u8]) -> crate::BlockCrcs {
     let mut crcs = Vec::new();
     crate::blocks::extend_block_crcs(&mut crcs, data);
     crcs.into()

@@ -174,6 +174,74 @@ pub struct DatasetRecord {
     /// catalog only; empty on a single node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<String>,
+    /// Where a source-backed dataset's bytes come from, pinned at create;
+    /// `None` for an ingested dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<DatasetSource>,
+}
+
+/// A source-backed dataset's objects, listed and pinned at create: its
+/// bytes are the concatenation of their data, in this order, and a read
+/// never mixes versions (every fetch is conditional on the pinned ETag).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DatasetSource {
+    /// The URLs given at create (`s3://bucket/key`, `s3://bucket/prefix/`,
+    /// `gs://`, `az://`, `https://`, `file://`).
+    pub urls: Vec<String>,
+    pub objects: Vec<SourceObject>,
+    /// `blake3:` of the pinned manifest (each object's URL, size, ETag and
+    /// version): what a client's sampler state names the dataset by, the
+    /// same before and after the bytes reach the node.
+    pub manifest_hash: String,
+    /// `dataset warm` was asked for and has not finished: a restart goes on
+    /// with it.
+    #[serde(default)]
+    pub warm_requested: bool,
+}
+
+/// One object of a source-backed dataset, as pinned at create.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SourceObject {
+    /// The object's own URL.
+    pub url: String,
+    pub size_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Where the dataset's bytes start inside the object (after a `.npy`
+    /// header; 0 otherwise).
+    pub data_offset_bytes: u64,
+    /// How many of the dataset's bytes the object holds.
+    pub data_bytes: u64,
+}
+
+/// How much of a source-backed dataset is on the node, and how its fills
+/// have gone since the node started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CacheReport {
+    pub name: String,
+    pub chunks_total: u64,
+    pub chunks_present: u64,
+    /// `dataset warm` is running.
+    pub warming: bool,
+    /// Every chunk is present and the content hash is taken.
+    pub hydrated: bool,
+    /// Reads whose chunks were all present, and reads that waited on a fill.
+    pub reads_present: u64,
+    pub reads_filled: u64,
+    pub chunks_filled: u64,
+    pub bytes_filled: u64,
+    /// Fetches that failed after every retry, and ranges failed because the
+    /// source changed.
+    pub source_errors: u64,
+    pub source_changed: u64,
+    /// The last source error, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// What one file added.

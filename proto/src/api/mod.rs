@@ -9,7 +9,10 @@ pub mod dataset;
 pub mod devices;
 
 pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
-pub use dataset::{Appended, DatasetKind, DatasetRecord, DatasetState, NamespaceRecord, ScrubReport};
+pub use dataset::{
+    Appended, CacheReport, DatasetKind, DatasetRecord, DatasetSource, DatasetState, NamespaceRecord, ScrubReport,
+    SourceObject,
+};
 pub use devices::DeviceReport;
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients

@@ -346,17 +346,17 @@ impl<R: DatasetResolver> Connection<R> {
                 }
                 self.batches_in_flight += 1;
                 let range_count = ranges.len() as u32;
-                let (slot, flow, counters) = match admission {
+                let (slot, flow, counters, through) = match admission {
                     Admission::Refused(status) => {
                         let completed = Completed { batch_id, range_count, target, outcome: Err(status) };
                         self.waiting.push_back(Outgoing::Batch(completed));
                         return Ok(());
                     }
-                    Admission::Admitted { slot, flow, counters } => (slot, flow, counters),
+                    Admission::Admitted { slot, flow, counters, read_through } => (slot, flow, counters, read_through),
                 };
                 let (reply, result) = oneshot::channel();
                 let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply };
-                if self.device.plane.submit(batch).await.is_err() {
+                if crate::read_through::submit(&self.device.plane, batch, through.as_ref()).await.is_err() {
                     counters.record_failed_batch();
                     let completed =
                         Completed { batch_id, range_count, target, outcome: Err(BatchStatus::ShuttingDown) };

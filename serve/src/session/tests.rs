@@ -36,7 +36,7 @@ fn opened(grant: Option<u64>) -> (Result<Opened, OpenError>, Arc<DatasetCounters
         replicas: Vec::new(),
     };
     let slot = DatasetSlot { index: 3, generation: 7 };
-    (Ok(Opened { slot, info, grant, counters: Arc::clone(&counters) }), counters)
+    (Ok(Opened { slot, info, grant, counters: Arc::clone(&counters), read_through: None }), counters)
 }
 
 /// Hello, then an open the catalog grants: the session's first handle.

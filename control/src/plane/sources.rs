@@ -1,0 +1,414 @@
+//! Source-backed datasets: created from object-store URLs with every
+//! object pinned, served through a cache of their source that fills on
+//! first read, warmed whole on request (resumed after a restart), and
+//! hydrated once complete: verified, hashed and given chunk checksums, as
+//! reproducible as an ingested dataset.
+
+use std::sync::atomic::Ordering;
+
+use sluice_proto::api::{CacheReport, DatasetSource, SourceObject};
+use sluice_proto::npy;
+use sluice_proto::tar::TarIndexer;
+
+use super::*;
+use crate::source::cache::{cache_paths, CacheReader, ChunkCache};
+use crate::source::{FetchError, SourceError, SourceOptions, Sources};
+
+/// Bytes read per step when a `wds` shard is indexed at create, and when a
+/// warmed dataset is hashed.
+const SOURCE_STEP_BYTES: u64 = 8 << 20;
+
+/// Where a source-backed dataset's bytes come from.
+#[derive(Clone, Debug, Default)]
+pub struct SourceSpec {
+    pub urls: Vec<String>,
+    /// A `records` dataset's offsets object (`n + 1` u64, raw or `.npy`)
+    /// over the concatenation of the objects, unless records are of one
+    /// fixed size.
+    pub index: Option<String>,
+}
+
+impl From<SourceError> for ControlError {
+    fn from(err: SourceError) -> Self {
+        ControlError::Source(err.to_string())
+    }
+}
+
+impl From<FetchError> for ControlError {
+    fn from(err: FetchError) -> Self {
+        ControlError::Source(err.to_string())
+    }
+}
+
+/// What create learns from the objects: their data, and the samples.
+struct Shaped {
+    objects: Vec<SourceObject>,
+    length_bytes: u64,
+    record_count: u64,
+    /// Index entries (`records` with offsets, `wds`), dataset-relative.
+    entries: Vec<(u64, u64)>,
+}
+
+impl ControlPlane {
+    /// How fetches from sources behave (timeouts, retries, concurrency).
+    pub fn set_source_options(&self, options: SourceOptions) {
+        if let Ok(mut sources) = self.sources.write() {
+            *sources = Arc::new(Sources::new(options));
+        }
+    }
+
+    fn sources(&self) -> Arc<Sources> {
+        self.sources.read().map(|s| Arc::clone(&s)).unwrap_or_else(|_| Arc::new(Sources::new(SourceOptions::default())))
+    }
+
+    /// Creates `name` from `spec`'s objects, listed and pinned now; it can
+    /// be read at once (chunks fill on first read).
+    pub async fn create_from_source(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        record_size: Option<u64>,
+        spec: SourceSpec,
+    ) -> Result<DatasetRecord, ControlError> {
+        if self.cluster.is_some() {
+            return Err(ControlError::Cluster(
+                "source-backed datasets are served by a single node: create it on a node without a cluster catalog"
+                    .into(),
+            ));
+        }
+        if spec.urls.is_empty() {
+            return Err(ControlError::Source("a source-backed dataset needs at least one URL".into()));
+        }
+        if spec.index.is_some() && (kind != DatasetKind::Records || record_size.is_some()) {
+            return Err(ControlError::Records("--index applies to records datasets without --record-size".into()));
+        }
+        let sources = self.sources();
+        let objects = sources.pin(&spec.urls).await?;
+        let shaped = shape(&sources, kind, record_size, objects, spec.index.as_deref()).await?;
+        let manifest_hash = manifest_hash(&shaped.objects);
+        // Placement takes only a namespace that holds the whole dataset.
+        let created = self.create_with(name, kind, record_size, Some(shaped.length_bytes))?;
+        let committed = self.commit_source(created, shaped, spec.urls, manifest_hash);
+        match committed {
+            Ok(record) => Ok(record),
+            Err(err) => {
+                // Nothing half made stays behind.
+                if let Err(undo) = self.delete(name).await {
+                    tracing::error!(dataset = name, %undo, "removing a source-backed dataset whose create failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn commit_source(
+        &self,
+        mut record: DatasetRecord,
+        shaped: Shaped,
+        urls: Vec<String>,
+        manifest_hash: String,
+    ) -> Result<DatasetRecord, ControlError> {
+        let ns = self.namespace(&record)?;
+        let geometry = ns.geometry();
+        let (capacity, end) = (geometry.capacity_bytes, record.namespace.base_offset_bytes + shaped.length_bytes);
+        if geometry.fixed_capacity && end > capacity {
+            return Err(ControlError::Ingest(IngestError::NoSpace { needed: end, capacity }));
+        }
+        ns.truncate(end).map_err(|e| self.ns_error(&record, e))?;
+        if !shaped.entries.is_empty() {
+            self.index_file(&record)?.append(0, &shaped.entries).map_err(|e| self.ns_error(&record, e))?;
+        }
+        record.length_bytes = shaped.length_bytes;
+        record.record_count = shaped.record_count;
+        record.files_ingested = shaped.objects.len() as u32;
+        record.state = DatasetState::Sealed;
+        record.sealed_unix_ms = Some(now_unix_ms());
+        record.source = Some(DatasetSource { urls, objects: shaped.objects, manifest_hash, warm_requested: false });
+        self.catalog.update(&record, None)?;
+        Ok(record)
+    }
+
+    /// The cache of a source-backed dataset, made (from its files) on first
+    /// use; must run on the control runtime, where its fills then run.
+    pub(super) fn cache_for(&self, record: &DatasetRecord) -> Result<Arc<ChunkCache>, ControlError> {
+        let Some(source) = &record.source else {
+            return Err(ControlError::Source(format!("{} is not source-backed", record.name)));
+        };
+        let mut caches = self.caches.lock().map_err(|_| ControlError::Busy(record.name.clone()))?;
+        if let Some(cache) = caches.get(&record.name) {
+            return Ok(Arc::clone(cache));
+        }
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ControlError::Source("a cache is made on the control runtime".into()))?;
+        let cache = ChunkCache::open(
+            &record.name,
+            &self.data_dir,
+            record.id,
+            record.length_bytes,
+            record.namespace.base_offset_bytes,
+            self.namespace(record)?,
+            source.objects.clone(),
+            self.sources(),
+            runtime,
+        )
+        .map_err(|e| self.ns_error(record, e))?;
+        let cache = Arc::new(cache);
+        caches.insert(record.name.clone(), Arc::clone(&cache));
+        Ok(cache)
+    }
+
+    /// The data plane's view of a source-backed dataset: verified by the
+    /// block checksums its fills write.
+    pub(super) fn source_view(&self, record: &DatasetRecord) -> Result<DatasetView, ControlError> {
+        let cache = self.cache_for(record)?;
+        Ok(DatasetView {
+            dataset_id: record.id,
+            namespace: self.namespace(record)?,
+            base_offset_bytes: record.namespace.base_offset_bytes,
+            length_bytes: record.length_bytes,
+            block_crcs: cache.block_crcs(),
+        })
+    }
+
+    /// What the transports fill through for `name`, if it is source-backed.
+    pub(super) fn read_through(&self, name: &str) -> Option<Arc<dyn sluice_serve::ReadThrough>> {
+        let cache = self.caches.lock().ok()?.get(name).cloned()?;
+        Some(Arc::new(CacheReader(cache)))
+    }
+
+    /// Drops a dataset's cache and its files (at delete).
+    pub(super) fn forget_cache(&self, record: &DatasetRecord) {
+        if let Ok(mut caches) = self.caches.lock() {
+            caches.remove(&record.name);
+        }
+        let (present, crcs) = cache_paths(&self.data_dir, record.id);
+        let _ = std::fs::remove_file(present);
+        let _ = std::fs::remove_file(crcs);
+    }
+
+    /// How much of `name` is on the node.
+    pub async fn cache_report(&self, name: &str) -> Result<CacheReport, ControlError> {
+        let record = self.catalog.require(name)?;
+        let cache = self.cache_for(&record)?;
+        Ok(cache.report(record.content_hash.is_some()))
+    }
+
+    /// Starts filling every chunk of `name`, `parallel` runs at once, if it
+    /// is not already; at the end the dataset is hydrated. A restart goes
+    /// on with a warm it interrupted ([`ControlPlane::resume_warms`]).
+    pub async fn warm(self: &Arc<Self>, name: &str, parallel: usize) -> Result<CacheReport, ControlError> {
+        let (_, _) = self.open_for_read(name).await?;
+        let mut record = self.catalog.require(name)?;
+        let cache = self.cache_for(&record)?;
+        let hydrated = record.content_hash.is_some();
+        if hydrated || cache.warming.swap(true, Ordering::AcqRel) {
+            return Ok(cache.report(hydrated));
+        }
+        if let Some(source) = record.source.as_mut().filter(|s| !s.warm_requested) {
+            source.warm_requested = true;
+            self.catalog.update(&record, None)?;
+        }
+        let report = cache.report(false);
+        let control = Arc::clone(self);
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let filled = cache.warm(parallel.max(1)).await;
+            let outcome = match filled {
+                Ok(()) => {
+                    let control = Arc::clone(&control);
+                    let name = name.clone();
+                    tokio::task::spawn_blocking(move || control.hydrate(&name))
+                        .await
+                        .map_err(|e| ControlError::Source(e.to_string()))
+                        .and_then(|r| r)
+                }
+                Err(err) => Err(err.into()),
+            };
+            if let Err(err) = outcome {
+                tracing::error!(dataset = name, %err, "warm did not finish; run it again");
+            }
+            cache.warming.store(false, Ordering::Release);
+        });
+        Ok(report)
+    }
+
+    /// Goes on with every warm a restart interrupted.
+    pub async fn resume_warms(self: &Arc<Self>) -> Result<(), ControlError> {
+        for record in self.catalog.list()? {
+            if record.source.as_ref().is_some_and(|s| s.warm_requested) && record.content_hash.is_none() {
+                tracing::info!(dataset = record.name, "going on with an interrupted warm");
+                self.warm(&record.name, 4).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Once every chunk is present: reads the dataset whole, checks every
+    /// block against the checksums its fill wrote, and records the content
+    /// hash and chunk checksums (the same an ingest of the same bytes
+    /// records). Blocking.
+    fn hydrate(&self, name: &str) -> Result<DatasetRecord, ControlError> {
+        let _guard = self.busy(name)?;
+        let mut record = self.catalog.require(name)?;
+        let cache = self.cache_for(&record)?;
+        assert_eq!(cache.chunks_present(), cache.chunks_total(), "hydrating a dataset with chunks missing");
+        let ns = self.namespace(&record)?;
+        let stored = cache.block_crcs();
+        let mut hasher = blake3::Hasher::new();
+        let mut chunk_crcs = Vec::with_capacity(cache.chunks_total() as usize);
+        let mut block_crcs = Vec::with_capacity(stored.len());
+        let mut buf = vec![0u8; SOURCE_STEP_BYTES as usize];
+        let mut at = 0u64;
+        while at < record.length_bytes {
+            let len = (record.length_bytes - at).min(SOURCE_STEP_BYTES) as usize;
+            let piece = &mut buf[..len];
+            ns.read_at(record.namespace.base_offset_bytes + at, piece).map_err(|e| self.ns_error(&record, e))?;
+            for chunk in piece.chunks(CHUNK_SIZE_BYTES as usize) {
+                let first_block = block_crcs.len();
+                chunk_crcs.push(sluice_dataplane::blocks::chunk_crc_and_blocks(chunk, &mut block_crcs));
+                if (first_block..block_crcs.len()).any(|b| stored.get(b) != Some(block_crcs[b])) {
+                    return Err(ControlError::Corrupt { name: name.into(), chunk: chunk_crcs.len() as u64 - 1 });
+                }
+            }
+            hasher.update(piece);
+            at += len as u64;
+        }
+        record.content_hash = Some(format!("blake3:{}", hasher.finalize().to_hex()));
+        if let Some(source) = record.source.as_mut() {
+            source.warm_requested = false;
+        }
+        self.catalog.update(&record, Some(&chunk_crcs))?;
+        tracing::info!(dataset = name, hash = record.content_hash, "hydrated");
+        Ok(record)
+    }
+}
+
+/// `blake3:` of the pinned manifest: each object's URL, size, ETag,
+/// version and data span, in order.
+fn manifest_hash(objects: &[SourceObject]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for o in objects {
+        for field in [o.url.as_str(), o.e_tag.as_deref().unwrap_or(""), o.version.as_deref().unwrap_or("")] {
+            hasher.update(&(field.len() as u64).to_le_bytes());
+            hasher.update(field.as_bytes());
+        }
+        for n in [o.size_bytes, o.data_offset_bytes, o.data_bytes] {
+            hasher.update(&n.to_le_bytes());
+        }
+    }
+    format!("blake3:{}", hasher.finalize().to_hex())
+}
+
+/// Fits the pinned objects to `kind`: `.npy` headers of token arrays,
+/// whole elements, the records' index, the shards' samples.
+async fn shape(
+    sources: &Sources,
+    kind: DatasetKind,
+    record_size: Option<u64>,
+    mut objects: Vec<SourceObject>,
+    index: Option<&str>,
+) -> Result<Shaped, ControlError> {
+    let elem = kind.element_size_bytes();
+    for object in &mut objects {
+        if kind.npy_dtypes().is_some() && object.url.ends_with(".npy") {
+            let head = sources.fetch(object, 0..object.size_bytes.min(npy::HEADER_BYTES_MAX as u64)).await?;
+            let header = npy::parse_header(&head).map_err(|e| bad_object(object, e))?;
+            let accepted = kind.npy_dtypes().unwrap_or(&[]);
+            if !accepted.contains(&header.descr.as_str()) {
+                return Err(ControlError::Ingest(IngestError::Dtype {
+                    found: header.descr,
+                    kind,
+                    expected: accepted.join(" or "),
+                }));
+            }
+            let data = header.data_len_bytes().ok_or_else(|| bad_object(object, "its shape overflows"))?;
+            let offset = header.data_offset_bytes as u64;
+            if offset + data != object.size_bytes {
+                return Err(ControlError::Ingest(IngestError::TruncatedNpy {
+                    expected: data,
+                    got: object.size_bytes.saturating_sub(offset),
+                }));
+            }
+            object.data_offset_bytes = offset;
+            object.data_bytes = data;
+        }
+        if object.data_bytes % elem != 0 {
+            return Err(ControlError::Ingest(IngestError::PartialElement { len: object.data_bytes, kind, elem }));
+        }
+        if let Some(size) = record_size {
+            if object.data_bytes % size != 0 {
+                return Err(bad_object(
+                    object,
+                    format!("{} bytes is not a whole number of {size}-byte records", object.data_bytes),
+                ));
+            }
+        }
+    }
+    let length_bytes: u64 = objects.iter().map(|o| o.data_bytes).sum();
+    let (record_count, entries) = match (kind, record_size) {
+        (DatasetKind::Records, Some(size)) => (length_bytes / size, Vec::new()),
+        (DatasetKind::Records, None) => {
+            let url = index.ok_or_else(|| {
+                ControlError::Records(
+                    "a records dataset from a source needs --index URL (its offsets) or --record-size".into(),
+                )
+            })?;
+            let entries = fetch_offsets(sources, url, length_bytes).await?;
+            (entries.len() as u64, entries)
+        }
+        (DatasetKind::Wds, _) => {
+            let entries = index_shards(sources, &objects).await?;
+            (entries.len() as u64, entries)
+        }
+        _ => (0, Vec::new()),
+    };
+    if kind.has_records() && record_count == 0 {
+        return Err(ControlError::Records("the source holds no samples".into()));
+    }
+    Ok(Shaped { objects, length_bytes, record_count, entries })
+}
+
+fn bad_object(object: &SourceObject, why: impl std::fmt::Display) -> ControlError {
+    ControlError::Source(format!("{}: {why}", object.url))
+}
+
+/// A records dataset's offsets object, checked against the data.
+async fn fetch_offsets(sources: &Sources, url: &str, length_bytes: u64) -> Result<Vec<(u64, u64)>, ControlError> {
+    let pinned = sources.pin(&[url.to_string()]).await?;
+    let [object] = pinned.as_slice() else {
+        return Err(ControlError::Records(format!("--index {url} must name one object")));
+    };
+    if object.size_bytes as usize > STAGED_INDEX_BYTES_MAX || object.size_bytes == 0 {
+        return Err(bad_object(object, format!("an offsets object of {} bytes", object.size_bytes)));
+    }
+    let bytes = sources.fetch(object, 0..object.size_bytes).await?;
+    let format = if url.ends_with(".npy") { IngestFormat::Npy } else { IngestFormat::Raw };
+    let offsets = super::datasets::parse_offsets(&bytes, format)?;
+    if offsets.first() != Some(&0) || offsets.last() != Some(&length_bytes) || offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(ControlError::Records(format!(
+            "the offsets in {url} must rise from 0 to the data's {length_bytes} bytes"
+        )));
+    }
+    Ok(offsets.windows(2).map(|w| (w[0], w[1] - w[0])).collect())
+}
+
+/// The samples of every shard: a tar has no directory, so each is read
+/// once, in pieces, through the same indexer ingest uses.
+async fn index_shards(sources: &Sources, objects: &[SourceObject]) -> Result<Vec<(u64, u64)>, ControlError> {
+    let mut entries = Vec::new();
+    let mut start = 0;
+    for object in objects {
+        let mut indexer = TarIndexer::new();
+        let mut at = 0;
+        while at < object.size_bytes {
+            let end = (at + SOURCE_STEP_BYTES).min(object.size_bytes);
+            let piece = sources.fetch(object, at..end).await?;
+            indexer.push(&piece).map_err(|e| bad_object(object, e))?;
+            at = end;
+        }
+        let spans = indexer.finish().map_err(|e| bad_object(object, e))?;
+        entries.extend(spans.iter().map(|s| (start + s.offset_bytes, s.len_bytes)));
+        start += object.data_bytes;
+    }
+    Ok(entries)
+}

@@ -1,0 +1,464 @@
+//! A source-backed dataset's namespace as a cache of its source: which
+//! chunks are on the node, filling the missing ones, and what survives a
+//! crash.
+//!
+//! Two files per dataset beside the data, `DATA_DIR/cache/<id>.present`
+//! (a bit per 64 KiB chunk) and `<id>.crc` (the block checksums reads are
+//! verified by, a little-endian u32 per 4 KiB). A fill makes a run of
+//! chunks durable in this order: their bytes in the namespace, then their
+//! block checksums, then their bits. A chunk whose bit is set is whole
+//! and vouched for; a crash anywhere before leaves the bit clear and the
+//! chunk is fetched again, however much of it was written.
+//!
+//! Concurrent readers of one missing chunk cause one fetch: the first
+//! claims it in the in-flight table and the others wait on its outcome.
+//! Fetches run on the control runtime, never on a data-plane core or a
+//! connection's task.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use sluice_dataplane::blocks::{self, BLOCKS_PER_CHUNK};
+use sluice_dataplane::{BlockCrcs, ByteRange, Namespace};
+use sluice_proto::api::{CacheReport, SourceObject};
+use sluice_proto::{RangeStatus, CHUNK_SIZE_BYTES};
+use sluice_serve::read_through::{FillOutcome, ReadThrough};
+use tokio::sync::watch;
+
+use super::{FetchError, Sources};
+
+/// Chunks fetched by one ranged GET (per object) at most: 4 MiB.
+pub const RUN_CHUNKS_MAX: u64 = 64;
+
+/// How one chunk's fill ended.
+type RunOutcome = Result<(), FetchError>;
+
+/// What waiters on a run see: its first chunk and an outcome per chunk.
+type RunResult = Option<(u64, Arc<Vec<RunOutcome>>)>;
+
+/// The cache files of one dataset.
+struct CacheFiles {
+    present: File,
+    crcs: File,
+}
+
+/// Where a dataset's cache files live.
+pub fn cache_paths(data_dir: &Path, dataset_id: u64) -> (PathBuf, PathBuf) {
+    let dir = data_dir.join("cache");
+    (dir.join(format!("{dataset_id:016x}.present")), dir.join(format!("{dataset_id:016x}.crc")))
+}
+
+/// Counters of one dataset's cache since the node started.
+#[derive(Default)]
+struct CacheStats {
+    reads_present: AtomicU64,
+    reads_filled: AtomicU64,
+    chunks_filled: AtomicU64,
+    bytes_filled: AtomicU64,
+    source_errors: AtomicU64,
+    source_changed: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+/// A source-backed dataset's chunks: present or not, and how to fill them.
+pub struct ChunkCache {
+    name: String,
+    length_bytes: u64,
+    base_offset_bytes: u64,
+    namespace: Arc<dyn Namespace>,
+    objects: Vec<SourceObject>,
+    /// Where each object's data starts in the dataset.
+    starts: Vec<u64>,
+    sources: Arc<Sources>,
+    /// A bit per chunk; set (release) only once the chunk and its block
+    /// checksums are durable.
+    present: Vec<AtomicU64>,
+    block_crcs: BlockCrcs,
+    files: Mutex<CacheFiles>,
+    /// Chunks being fetched now, each with the outcome its fill sends.
+    in_flight: Mutex<HashMap<u64, watch::Receiver<RunResult>>>,
+    runtime: tokio::runtime::Handle,
+    stats: CacheStats,
+    pub(crate) warming: AtomicBool,
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkCache").field("name", &self.name).field("length_bytes", &self.length_bytes).finish()
+    }
+}
+
+/// The serving side's handle on a cache.
+#[derive(Debug, Clone)]
+pub struct CacheReader(pub Arc<ChunkCache>);
+
+impl ReadThrough for CacheReader {
+    fn all_present(&self, ranges: &[ByteRange]) -> bool {
+        let present = ranges.iter().all(|r| self.0.chunks_of(*r).all(|c| self.0.is_present(c)));
+        if present {
+            self.0.stats.reads_present.fetch_add(1, Ordering::Relaxed);
+        }
+        present
+    }
+
+    fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome {
+        let cache = Arc::clone(&self.0);
+        let count = ranges.len();
+        cache.stats.reads_filled.fetch_add(1, Ordering::Relaxed);
+        let task = self.0.runtime.spawn(async move { cache.fill_ranges(&ranges).await });
+        Box::pin(async move { task.await.unwrap_or_else(|_| vec![RangeStatus::SourceUnavailable; count]) })
+    }
+}
+
+impl ChunkCache {
+    /// The cache of a dataset of `length_bytes` made of `objects`, with
+    /// what its files say is present (nothing, if they are missing or do
+    /// not fit the dataset).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        name: &str,
+        data_dir: &Path,
+        dataset_id: u64,
+        length_bytes: u64,
+        base_offset_bytes: u64,
+        namespace: Arc<dyn Namespace>,
+        objects: Vec<SourceObject>,
+        sources: Arc<Sources>,
+        runtime: tokio::runtime::Handle,
+    ) -> std::io::Result<Self> {
+        let chunks = length_bytes.div_ceil(CHUNK_SIZE_BYTES);
+        let block_count = blocks::block_count(length_bytes);
+        let bitmap_bytes = chunks.div_ceil(8);
+        let crc_bytes = block_count * 4;
+        let (present_path, crc_path) = cache_paths(data_dir, dataset_id);
+        if let Some(dir) = present_path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let open = |path: &Path| OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path);
+        let present_file = open(&present_path)?;
+        let crc_file = open(&crc_path)?;
+        let fits = present_file.metadata()?.len() == bitmap_bytes && crc_file.metadata()?.len() == crc_bytes;
+        if !fits {
+            // New, or left by another length: nothing in it is vouched for.
+            present_file.set_len(0)?;
+            present_file.set_len(bitmap_bytes)?;
+            crc_file.set_len(crc_bytes)?;
+            present_file.sync_all()?;
+            crc_file.sync_all()?;
+        }
+        let mut bitmap = vec![0u8; bitmap_bytes as usize];
+        present_file.read_exact_at(&mut bitmap, 0)?;
+        let mut crc_raw = vec![0u8; crc_bytes as usize];
+        crc_file.read_exact_at(&mut crc_raw, 0)?;
+        let crcs: Vec<u32> = crc_raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let present: Vec<AtomicU64> = bitmap
+            .chunks(8)
+            .map(|word| {
+                let mut bytes = [0u8; 8];
+                bytes[..word.len()].copy_from_slice(word);
+                AtomicU64::new(u64::from_le_bytes(bytes))
+            })
+            .collect();
+        let mut starts = Vec::with_capacity(objects.len());
+        let mut at = 0;
+        for object in &objects {
+            starts.push(at);
+            at += object.data_bytes;
+        }
+        assert_eq!(at, length_bytes, "objects out of step with the dataset's length");
+        Ok(Self {
+            name: name.to_string(),
+            length_bytes,
+            base_offset_bytes,
+            namespace,
+            objects,
+            starts,
+            sources,
+            present,
+            block_crcs: BlockCrcs::from(crcs),
+            files: Mutex::new(CacheFiles { present: present_file, crcs: crc_file }),
+            in_flight: Mutex::new(HashMap::new()),
+            runtime,
+            stats: CacheStats::default(),
+            warming: AtomicBool::new(false),
+        })
+    }
+
+    /// The block checksums the data plane verifies reads by, shared with
+    /// the fills that write them.
+    pub fn block_crcs(&self) -> BlockCrcs {
+        self.block_crcs.clone()
+    }
+
+    pub fn chunks_total(&self) -> u64 {
+        self.length_bytes.div_ceil(CHUNK_SIZE_BYTES)
+    }
+
+    pub fn chunks_present(&self) -> u64 {
+        self.present.iter().map(|w| u64::from(w.load(Ordering::Acquire).count_ones())).sum()
+    }
+
+    pub fn is_present(&self, chunk: u64) -> bool {
+        let word = self.present[(chunk / 64) as usize].load(Ordering::Acquire);
+        word & (1 << (chunk % 64)) != 0
+    }
+
+    /// The chunks a range covers; none for an empty range or one past the
+    /// end (the data plane answers those).
+    fn chunks_of(&self, range: ByteRange) -> std::ops::Range<u64> {
+        let end = range.offset_bytes.saturating_add(u64::from(range.len_bytes));
+        if range.len_bytes == 0 || end > self.length_bytes {
+            return 0..0;
+        }
+        range.offset_bytes / CHUNK_SIZE_BYTES..end.div_ceil(CHUNK_SIZE_BYTES)
+    }
+
+    pub fn report(&self, hydrated: bool) -> CacheReport {
+        let s = &self.stats;
+        CacheReport {
+            name: self.name.clone(),
+            chunks_total: self.chunks_total(),
+            chunks_present: self.chunks_present(),
+            warming: self.warming.load(Ordering::Relaxed),
+            hydrated,
+            reads_present: s.reads_present.load(Ordering::Relaxed),
+            reads_filled: s.reads_filled.load(Ordering::Relaxed),
+            chunks_filled: s.chunks_filled.load(Ordering::Relaxed),
+            bytes_filled: s.bytes_filled.load(Ordering::Relaxed),
+            source_errors: s.source_errors.load(Ordering::Relaxed),
+            source_changed: s.source_changed.load(Ordering::Relaxed),
+            last_error: s.last_error.lock().ok().and_then(|e| e.clone()),
+        }
+    }
+
+    /// Fills what `ranges` need; a status per range.
+    pub async fn fill_ranges(self: &Arc<Self>, ranges: &[ByteRange]) -> Vec<RangeStatus> {
+        let needed: BTreeSet<u64> =
+            ranges.iter().flat_map(|r| self.chunks_of(*r)).filter(|&c| !self.is_present(c)).collect();
+        let outcomes = self.ensure(needed).await;
+        ranges
+            .iter()
+            .map(|r| {
+                let mut status = RangeStatus::Ok;
+                for chunk in self.chunks_of(*r) {
+                    match outcomes.get(&chunk) {
+                        Some(Err(FetchError::Changed { .. })) => return RangeStatus::SourceChanged,
+                        Some(Err(FetchError::Unavailable { .. })) => status = RangeStatus::SourceUnavailable,
+                        _ => {}
+                    }
+                }
+                status
+            })
+            .collect()
+    }
+
+    /// Makes `chunks` present: claims those no one is fetching, in runs of
+    /// consecutive chunks, and waits for those someone is. The outcome of
+    /// each chunk that was missing.
+    pub async fn ensure(self: &Arc<Self>, chunks: BTreeSet<u64>) -> HashMap<u64, RunOutcome> {
+        let mut waits: Vec<(u64, watch::Receiver<RunResult>)> = Vec::new();
+        let mut claimed: Vec<Vec<u64>> = Vec::new();
+        {
+            let Ok(mut in_flight) = self.in_flight.lock() else {
+                return chunks.into_iter().map(|c| (c, Err(self.unavailable("the fill table is poisoned")))).collect();
+            };
+            for chunk in chunks {
+                if self.is_present(chunk) {
+                    continue;
+                }
+                // A fill that died (its sender gone) holds nothing.
+                if let Some(wait) = in_flight.get(&chunk).filter(|w| w.has_changed().is_ok()) {
+                    waits.push((chunk, wait.clone()));
+                    continue;
+                }
+                match claimed.last_mut() {
+                    Some(run) if run.last().is_some_and(|&l| l + 1 == chunk) && (run.len() as u64) < RUN_CHUNKS_MAX => {
+                        run.push(chunk)
+                    }
+                    _ => claimed.push(vec![chunk]),
+                }
+            }
+            for run in &mut claimed {
+                let (done, wait) = watch::channel(None);
+                for &chunk in run.iter() {
+                    in_flight.insert(chunk, wait.clone());
+                }
+                waits.extend(run.iter().map(|&c| (c, wait.clone())));
+                let cache = Arc::clone(self);
+                let first = run[0];
+                let count = run.len() as u64;
+                self.runtime.spawn(async move {
+                    let outcomes = cache.fill_run(first, count).await;
+                    if let Ok(mut in_flight) = cache.in_flight.lock() {
+                        for chunk in first..first + count {
+                            in_flight.remove(&chunk);
+                        }
+                    }
+                    let _ = done.send(Some((first, Arc::new(outcomes))));
+                });
+            }
+        }
+        let mut outcomes = HashMap::new();
+        for (chunk, mut wait) in waits {
+            let outcome = match wait.wait_for(Option::is_some).await {
+                Ok(run) => match &*run {
+                    Some((first, outcomes)) => outcomes[(chunk - first) as usize].clone(),
+                    None => Err(self.unavailable("the fill ended without an outcome")),
+                },
+                Err(_) => Err(self.unavailable("the fill ended without an outcome")),
+            };
+            outcomes.insert(chunk, outcome);
+        }
+        outcomes
+    }
+
+    fn unavailable(&self, why: &str) -> FetchError {
+        FetchError::Unavailable { url: self.name.clone(), why: why.to_string(), attempts: 0 }
+    }
+
+    /// Fetches chunks `first..first + count` from the objects that hold
+    /// them and commits those that arrived whole; an outcome per chunk (a
+    /// chunk fails if any object it spans failed).
+    async fn fill_run(self: &Arc<Self>, first: u64, count: u64) -> Vec<RunOutcome> {
+        let start = first * CHUNK_SIZE_BYTES;
+        let end = ((first + count) * CHUNK_SIZE_BYTES).min(self.length_bytes);
+        let Ok(permit) = self.sources.fetches.acquire().await else {
+            return vec![Err(self.unavailable("shutting down")); count as usize];
+        };
+        let mut outcomes: Vec<RunOutcome> = vec![Ok(()); count as usize];
+        let mut data = vec![0u8; (end - start) as usize];
+        // The first object holding `start`, then on until `end`.
+        let mut index = self.starts.partition_point(|&s| s <= start) - 1;
+        let mut at = start;
+        while at < end {
+            let object = &self.objects[index];
+            let within = at - self.starts[index];
+            let take = (object.data_bytes - within).min(end - at);
+            if take > 0 {
+                let from = object.data_offset_bytes + within;
+                match self.sources.fetch(object, from..from + take).await {
+                    Ok(bytes) => data[(at - start) as usize..][..take as usize].copy_from_slice(&bytes),
+                    Err(err) => {
+                        self.note_error(&err);
+                        for chunk in at / CHUNK_SIZE_BYTES..(at + take).div_ceil(CHUNK_SIZE_BYTES) {
+                            outcomes[(chunk - first) as usize] = Err(err.clone());
+                        }
+                    }
+                }
+            }
+            at += take;
+            index += 1;
+        }
+        drop(permit);
+        let whole: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
+        let cache = Arc::clone(self);
+        let committed = tokio::task::spawn_blocking(move || {
+            // Each stretch of chunks that arrived whole, in one write.
+            let mut written = Vec::new();
+            let mut a = 0;
+            while a < whole.len() {
+                if !whole[a] {
+                    a += 1;
+                    continue;
+                }
+                let b = a + whole[a..].iter().take_while(|w| **w).count();
+                let bytes = &data[a * CHUNK_SIZE_BYTES as usize..(b * CHUNK_SIZE_BYTES as usize).min(data.len())];
+                written.push((a, b, cache.commit(first + a as u64, bytes).map_err(|e| e.to_string())));
+                a = b;
+            }
+            written
+        })
+        .await;
+        match committed {
+            Ok(written) => {
+                for (a, b, result) in written {
+                    match result {
+                        Ok(()) => {
+                            let bytes = ((first + b as u64) * CHUNK_SIZE_BYTES).min(self.length_bytes)
+                                - (first + a as u64) * CHUNK_SIZE_BYTES;
+                            self.stats.chunks_filled.fetch_add((b - a) as u64, Ordering::Relaxed);
+                            self.stats.bytes_filled.fetch_add(bytes, Ordering::Relaxed);
+                        }
+                        Err(why) => {
+                            let err = self.unavailable(&format!("writing the cache: {why}"));
+                            self.note_error(&err);
+                            outcomes[a..b].fill(Err(err));
+                        }
+                    }
+                }
+            }
+            Err(join) => outcomes.fill(Err(self.unavailable(&join.to_string()))),
+        }
+        outcomes
+    }
+
+    fn note_error(&self, err: &FetchError) {
+        let counter = match err {
+            FetchError::Changed { .. } => &self.stats.source_changed,
+            FetchError::Unavailable { .. } => &self.stats.source_errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(dataset = self.name, %err, "fill failed");
+        if let Ok(mut last) = self.stats.last_error.lock() {
+            *last = Some(err.to_string());
+        }
+    }
+
+    /// Makes `data` (chunks from `first` on) durable and present: bytes,
+    /// then block checksums, then bits.
+    fn commit(&self, first: u64, data: &[u8]) -> std::io::Result<()> {
+        let start = first * CHUNK_SIZE_BYTES;
+        self.namespace.write_at(self.base_offset_bytes + start, data)?;
+        self.namespace.sync()?;
+        let mut crcs = Vec::with_capacity(blocks::block_count(data.len() as u64) as usize);
+        blocks::extend_block_crcs(&mut crcs, data);
+        let first_block = first * BLOCKS_PER_CHUNK;
+        let raw: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+        let files = self.files.lock().map_err(|_| std::io::Error::other("cache files poisoned"))?;
+        files.crcs.write_all_at(&raw, first_block * 4)?;
+        files.crcs.sync_data()?;
+        self.block_crcs.set(first_block as usize, &crcs);
+        let count = (data.len() as u64).div_ceil(CHUNK_SIZE_BYTES);
+        for chunk in first..first + count {
+            self.present[(chunk / 64) as usize].fetch_or(1 << (chunk % 64), Ordering::Release);
+        }
+        // The bitmap bytes this run touched, as they are now.
+        let (byte_first, byte_end) = (first / 8, (first + count).div_ceil(8));
+        let bytes: Vec<u8> = (byte_first..byte_end)
+            .map(|b| (self.present[(b / 8) as usize].load(Ordering::Acquire) >> ((b % 8) * 8)) as u8)
+            .collect();
+        files.present.write_all_at(&bytes, byte_first)?;
+        files.present.sync_data()?;
+        Ok(())
+    }
+
+    /// Fills every missing chunk, `parallel` runs at once; the first error
+    /// if any chunk could not be filled (the others are filled still).
+    pub async fn warm(self: &Arc<Self>, parallel: usize) -> Result<(), FetchError> {
+        let missing: Vec<u64> = (0..self.chunks_total()).filter(|&c| !self.is_present(c)).collect();
+        let mut runs = missing.chunk_by(|a, b| b - a == 1).flat_map(|run| run.chunks(RUN_CHUNKS_MAX as usize));
+        let mut filling = FuturesUnordered::new();
+        let mut first_error = None;
+        loop {
+            while filling.len() < parallel.max(1) {
+                let Some(run) = runs.next() else { break };
+                filling.push(self.ensure(run.iter().copied().collect()));
+            }
+            let Some(outcomes) = filling.next().await else { break };
+            if let Some(Err(err)) = outcomes.into_values().find(Result::is_err) {
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The pinned objects the dataset is made of.
+    pub fn objects(&self) -> &[SourceObject] {
+        &self.objects
+    }
+}

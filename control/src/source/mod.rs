@@ -1,0 +1,311 @@
+//! Where source-backed datasets come from: object stores (S3 and
+//! S3-compatible services, GCS, Azure), HTTP servers and local files, all
+//! through Apache Arrow's `object_store` (signing, credentials, listing).
+//!
+//! Credentials and endpoints are the ecosystem's: the standard `AWS_*`
+//! (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, `AWS_ALLOW_HTTP`), `GOOGLE_*` and `AZURE_*` variables of
+//! the node's environment.
+//!
+//! At create a dataset's URLs are listed and every object pinned by size,
+//! ETag and version ([`Sources::pin`]); every later fetch
+//! ([`Sources::fetch`]) asks for that version only (`If-Match`) and checks
+//! what came back, so a changed object fails its ranges and never serves
+//! new bytes beside old ones. Fetches are retried here, with backoff, for
+//! the failures that pass (a 5xx or SlowDown, a reset connection, a timed
+//! out or stalled response, a body shorter than asked), not for those that
+//! do not (a changed or vanished object, a refusal of credentials).
+
+pub mod cache;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use sluice_proto::api::SourceObject;
+use url::Url;
+
+/// How fetches from sources behave; the node's config sets them.
+#[derive(Clone, Debug)]
+pub struct SourceOptions {
+    /// One request, body included, may take this long; a stalled response
+    /// is cut off then and retried.
+    pub request_timeout: Duration,
+    /// Attempts after the first before a fetch fails as unavailable.
+    pub retries: u32,
+    /// The wait before the first retry; doubled for each next one.
+    pub retry_backoff: Duration,
+    /// Ranged GETs in flight at once, node-wide.
+    pub fetches_in_flight_max: usize,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(30),
+            retries: 4,
+            retry_backoff: Duration::from_millis(100),
+            fetches_in_flight_max: 16,
+        }
+    }
+}
+
+/// Objects a dataset may pin, at most: its manifest lives in the catalog.
+pub const OBJECTS_PER_DATASET_MAX: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source URL {url:?}: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("listing {url}: {why}")]
+    List { url: String, why: String },
+    #[error("{url} holds no objects")]
+    Empty { url: String },
+    #[error("more than {OBJECTS_PER_DATASET_MAX} objects under the source URLs")]
+    TooMany,
+}
+
+/// Why a fetch gave no bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// The object changed or vanished since it was pinned.
+    #[error("{url} changed since the dataset was created: {why}")]
+    Changed { url: String, why: String },
+    /// Every attempt failed.
+    #[error("{url}: {why} (after {attempts} attempts)")]
+    Unavailable { url: String, why: String, attempts: u32 },
+}
+
+/// The node's handles on its sources, one store per bucket or host,
+/// made on first use and kept.
+pub struct Sources {
+    options: SourceOptions,
+    stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    /// Bounds the ranged GETs in flight, node-wide.
+    pub(crate) fetches: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources").field("options", &self.options).finish()
+    }
+}
+
+impl Sources {
+    pub fn new(options: SourceOptions) -> Self {
+        let fetches = Arc::new(tokio::sync::Semaphore::new(options.fetches_in_flight_max.max(1)));
+        Self { options, stores: Mutex::new(HashMap::new()), fetches }
+    }
+
+    pub fn options(&self) -> &SourceOptions {
+        &self.options
+    }
+
+    /// The store `url` lives in and the path inside it.
+    fn locate(&self, url: &str) -> Result<(Arc<dyn ObjectStore>, Path), SourceError> {
+        let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
+        let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let key = format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or(""));
+        let path = Path::from_url_path(parsed.path().trim_end_matches('/')).map_err(|e| bad(e.to_string()))?;
+        let mut stores = self.stores.lock().map_err(|_| bad("the store table is poisoned".into()))?;
+        if let Some(store) = stores.get(&key) {
+            return Ok((Arc::clone(store), path));
+        }
+        let store = self.build(&parsed).map_err(bad)?;
+        stores.insert(key, Arc::clone(&store));
+        Ok((store, path))
+    }
+
+    fn build(&self, url: &Url) -> Result<Arc<dyn ObjectStore>, String> {
+        use object_store::ClientConfigKey;
+        // The retries are this module's, so that a short body or a reset
+        // mid-body is retried like a 503.
+        let retry = RetryConfig { max_retries: 0, ..RetryConfig::default() };
+        let timeout = format!("{}ms", self.options.request_timeout.as_millis());
+        let err = |e: object_store::Error| e.to_string();
+        let store: Arc<dyn ObjectStore> = match url.scheme() {
+            "s3" | "s3a" => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+                Arc::new(
+                    AmazonS3Builder::from_env()
+                        .with_url(url.as_str())
+                        .with_retry(retry)
+                        .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                        .build()
+                        .map_err(err)?,
+                )
+            }
+            "gs" => {
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                Arc::new(
+                    GoogleCloudStorageBuilder::from_env()
+                        .with_url(url.as_str())
+                        .with_retry(retry)
+                        .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                        .build()
+                        .map_err(err)?,
+                )
+            }
+            "az" | "azure" | "abfs" | "abfss" => {
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                Arc::new(
+                    MicrosoftAzureBuilder::from_env()
+                        .with_url(url.as_str())
+                        .with_retry(retry)
+                        .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), timeout)
+                        .build()
+                        .map_err(err)?,
+                )
+            }
+            "http" | "https" => {
+                let origin = &url[..url::Position::BeforePath];
+                let client = object_store::ClientOptions::new()
+                    .with_allow_http(url.scheme() == "http")
+                    .with_timeout(self.options.request_timeout);
+                Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(origin)
+                        .with_retry(retry)
+                        .with_client_options(client)
+                        .build()
+                        .map_err(err)?,
+                )
+            }
+            "file" => Arc::new(object_store::local::LocalFileSystem::new()),
+            other => return Err(format!("scheme {other}: expected s3, gs, az, http, https or file")),
+        };
+        Ok(store)
+    }
+
+    /// Lists `urls` (a URL ending in `/` is every object under it, in key
+    /// order) and pins each object: size, ETag, version. Data bytes are the
+    /// whole object until the caller says otherwise (`.npy` headers).
+    pub async fn pin(&self, urls: &[String]) -> Result<Vec<SourceObject>, SourceError> {
+        let mut objects = Vec::new();
+        for url in urls {
+            let (store, path) = self.locate(url)?;
+            let list_err = |e: object_store::Error| SourceError::List { url: url.clone(), why: e.to_string() };
+            let mut metas = if url.ends_with('/') {
+                let prefix = (!path.as_ref().is_empty()).then_some(&path);
+                let mut metas: Vec<_> = store.list(prefix).try_collect().await.map_err(list_err)?;
+                metas.sort_by(|a, b| a.location.cmp(&b.location));
+                metas
+            } else {
+                vec![store.head(&path).await.map_err(list_err)?]
+            };
+            if metas.is_empty() {
+                return Err(SourceError::Empty { url: url.clone() });
+            }
+            let base = base_of(url);
+            for meta in metas.drain(..) {
+                if objects.len() == OBJECTS_PER_DATASET_MAX {
+                    return Err(SourceError::TooMany);
+                }
+                objects.push(SourceObject {
+                    url: format!("{base}/{}", meta.location),
+                    size_bytes: meta.size,
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                    data_offset_bytes: 0,
+                    data_bytes: meta.size,
+                });
+            }
+        }
+        Ok(objects)
+    }
+
+    /// Bytes `range` of `object` as pinned, retried with backoff.
+    pub async fn fetch(&self, object: &SourceObject, range: Range<u64>) -> Result<Bytes, FetchError> {
+        assert!(range.start < range.end && range.end <= object.size_bytes, "fetch past the object");
+        let unavailable = |why: String, attempts| FetchError::Unavailable { url: object.url.clone(), why, attempts };
+        let (store, path) = self.locate(&object.url).map_err(|e| unavailable(e.to_string(), 0))?;
+        let mut backoff = self.options.retry_backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match fetch_once(&*store, &path, object, range.clone()).await {
+                Ok(bytes) => return Ok(bytes),
+                Err(Attempt::Final(err)) => return Err(err),
+                Err(Attempt::Passing(why)) if attempt > self.options.retries => {
+                    return Err(unavailable(why, attempt));
+                }
+                Err(Attempt::Passing(why)) => {
+                    tracing::warn!(url = object.url, attempt, why, "source fetch failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                }
+            }
+        }
+    }
+}
+
+/// How one attempt failed.
+enum Attempt {
+    /// Worth another attempt.
+    Passing(String),
+    /// Not.
+    Final(FetchError),
+}
+
+async fn fetch_once(
+    store: &dyn ObjectStore,
+    path: &Path,
+    object: &SourceObject,
+    range: Range<u64>,
+) -> Result<Bytes, Attempt> {
+    let changed = |why: String| Attempt::Final(FetchError::Changed { url: object.url.clone(), why });
+    let options = GetOptions {
+        if_match: object.e_tag.clone(),
+        version: object.version.clone(),
+        range: Some(GetRange::Bounded(range.clone())),
+        ..GetOptions::default()
+    };
+    let result = match store.get_opts(path, options).await {
+        Ok(result) => result,
+        Err(err) => return Err(classify(err, &object.url, changed)),
+    };
+    // A store that ignores If-Match still says which version it sent.
+    if let (Some(pinned), Some(got)) = (&object.e_tag, &result.meta.e_tag) {
+        if pinned != got {
+            return Err(changed(format!("ETag {got}, pinned {pinned}")));
+        }
+    }
+    if result.meta.size != object.size_bytes {
+        return Err(changed(format!("{} bytes, pinned {}", result.meta.size, object.size_bytes)));
+    }
+    let bytes = result.bytes().await.map_err(|e| classify(e, &object.url, changed))?;
+    let asked = range.end - range.start;
+    if bytes.len() as u64 != asked {
+        return Err(Attempt::Passing(format!("a body of {} bytes for {asked} asked", bytes.len())));
+    }
+    Ok(bytes)
+}
+
+fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Attempt) -> Attempt {
+    use object_store::Error as E;
+    match err {
+        E::NotFound { .. } => changed("it is gone".into()),
+        E::Precondition { .. } | E::NotModified { .. } => changed("its ETag no longer matches".into()),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+            Attempt::Final(FetchError::Unavailable { url: url.to_string(), why: err.to_string(), attempts: 1 })
+        }
+        other => Attempt::Passing(other.to_string()),
+    }
+}
+
+/// `scheme://host` of a URL, to name the objects listed under it.
+fn base_of(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(parsed) if parsed.scheme() == "file" => "file://".to_string(),
+        Ok(parsed) => parsed[..url::Position::BeforePath].to_string(),
+        Err(_) => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,81 @@
+//! Reads of a source-backed dataset: a batch whose chunks are all on the
+//! node goes to the data plane as any other; one that needs a chunk first
+//! waits for its fill, off the data-plane cores and off the connection's
+//! own task, and then is read.
+//!
+//! The node's cache tier (in the control crate) implements
+//! [`ReadThrough`]; a sealed, ingested dataset has none and costs nothing
+//! here.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use sluice_dataplane::{ByteRange, DataPlane, ReadBatch, SubmitError};
+use sluice_proto::RangeStatus;
+use tokio::sync::oneshot;
+
+/// What a fill gives back: a status per range of the batch, `Ok` when
+/// every chunk the range covers is now present.
+pub type FillOutcome = Pin<Box<dyn Future<Output = Vec<RangeStatus>> + Send>>;
+
+/// A dataset whose chunks may not all be on the node yet.
+pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
+    /// Whether every chunk `ranges` cover is present: a check of the
+    /// presence bitmap, no I/O, no lock.
+    fn all_present(&self, ranges: &[ByteRange]) -> bool;
+
+    /// Makes the chunks `ranges` cover present, fetching the missing ones
+    /// from the source; one status per range. A range past the dataset's
+    /// end is `Ok` here (the data plane answers it).
+    fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome;
+}
+
+/// Hands `batch` to the data plane, after its fill when `through` says a
+/// chunk is missing.
+///
+/// The fill runs as a task of its own, so the connection keeps reading
+/// (and other batches, of present chunks, are served meanwhile); the
+/// batch's reply arrives on its `reply` as usual, with the ranges whose
+/// fill failed marked with why and read as nothing.
+pub async fn submit(
+    plane: &Arc<DataPlane>,
+    batch: ReadBatch,
+    through: Option<&Arc<dyn ReadThrough>>,
+) -> Result<(), SubmitError> {
+    let Some(through) = through.filter(|t| !t.all_present(&batch.ranges)) else {
+        return plane.submit(batch).await;
+    };
+    let fill = through.fill(batch.ranges.clone());
+    let plane = Arc::clone(plane);
+    tokio::spawn(async move {
+        let ReadBatch { dataset, client_id, flow, mut ranges, reply } = batch;
+        let statuses = fill.await;
+        assert_eq!(statuses.len(), ranges.len(), "a fill answers every range");
+        for (range, status) in ranges.iter_mut().zip(&statuses) {
+            if *status != RangeStatus::Ok {
+                // Read as nothing; its status is set below.
+                *range = ByteRange { offset_bytes: 0, len_bytes: 0 };
+            }
+        }
+        let (inner, result) = oneshot::channel();
+        if let Err(err) = plane.submit(ReadBatch { dataset, client_id, flow, ranges, reply: inner }).await {
+            let _ = reply.send(Err(err));
+            return;
+        }
+        let outcome = match result.await {
+            Ok(Ok(mut result)) => {
+                for (index, status) in statuses.iter().enumerate() {
+                    if *status != RangeStatus::Ok {
+                        result.fail_range(index, *status);
+                    }
+                }
+                Ok(result)
+            }
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(SubmitError::Shutdown),
+        };
+        let _ = reply.send(outcome);
+    });
+    Ok(())
+}
