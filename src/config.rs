@@ -113,6 +113,11 @@ pub struct NodeConfig {
     pub source_retries: u32,
     /// Source-backed datasets: ranged GETs in flight at once, node-wide.
     pub source_fetches_max: usize,
+    /// Source-backed datasets: bytes of their chunks the node keeps at
+    /// most (0: no budget). A fill past it evicts the coldest chunks of
+    /// unpinned source-backed datasets; ingested datasets are not counted
+    /// and never evicted.
+    pub cache_bytes_max: u64,
     /// No access control at all: the control API checks no credential and
     /// any client reaching the data port reads any sealed dataset; listens
     /// off loopback without TLS. Local development only; the node warns.
@@ -228,6 +233,7 @@ impl Default for NodeConfig {
             source_timeout_ms: 30_000,
             source_retries: 4,
             source_fetches_max: 16,
+            cache_bytes_max: 0,
             insecure: false,
             admin_tokens: None,
             metrics_listen: None,

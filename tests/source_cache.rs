@@ -27,8 +27,13 @@ fn bytes_of(len: usize, seed: u64) -> Vec<u8> {
 /// A node pointed at `s3` whose fetches give up fast (tests of faults
 /// wait on timeouts and retries).
 fn node_for(s3: &S3, dir: &std::path::Path) -> NodeProcess {
+    node_with(s3, dir, "")
+}
+
+/// As [`node_for`], with more config lines.
+fn node_with(s3: &S3, dir: &std::path::Path, more: &str) -> NodeProcess {
     let config = dir.join("sluiced.toml");
-    std::fs::write(&config, "source_timeout_ms = 1500\nsource_retries = 4\n").expect("config");
+    std::fs::write(&config, format!("source_timeout_ms = 1500\nsource_retries = 4\n{more}")).expect("config");
     NodeProcess::start_with_env(&dir.join("node"), &["--config", config.to_str().expect("utf-8 path")], &s3.env())
 }
 
@@ -324,4 +329,66 @@ fn a_warm_killed_midway_resumes_after_restart_and_hashes_as_an_ingest_does() {
     let dataset = client.open("warmed").expect("open");
     let all = [(0, whole.len() as u32)];
     assert_exact(&whole, &all, &read(&dataset, &all));
+}
+
+/// A cache budget smaller than the dataset: reads stay byte-exact while
+/// chunks are evicted and filled again; the budget holds; a pinned
+/// source-backed dataset and an ingested one lose nothing.
+#[test]
+fn under_a_budget_smaller_than_the_dataset_reads_stay_exact_and_pinned_and_ingested_data_stay() {
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    s3.create_bucket("budget");
+    let big = bytes_of(40 * CHUNK, 31);
+    let small = bytes_of(4 * CHUNK, 32);
+    s3.put("budget", "big", &big);
+    s3.put("budget", "small", &small);
+    let ingested_file = dir.path().join("ingested.bin");
+    std::fs::write(&ingested_file, bytes_of(10 * CHUNK, 33)).expect("write");
+    let budget = 16 * CHUNK;
+    let node = node_with(&s3, dir.path(), &format!("cache_bytes_max = {budget}\n"));
+    node.ctl_ok(&["dataset", "create", "big", "--kind", "bytes", "--source", "s3://budget/big"]);
+    node.ctl_ok(&["dataset", "create", "small", "--kind", "bytes", "--source", "s3://budget/small"]);
+    common::sealed_dataset(&node, "ingested", &[ingested_file.as_path()]);
+    node.ctl_ok(&["dataset", "pin", "small"]);
+    node.ctl_ok(&["dataset", "warm", "small"]);
+    let refused = node.ctl(&["dataset", "warm", "big"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("larger than the node's cache budget"), "{refused:?}");
+
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open("big").expect("open");
+    let ingested = client.open("ingested").expect("open");
+    let ingested_bytes = std::fs::read(&ingested_file).expect("read");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(17);
+    for _ in 0..60 {
+        let ranges: Vec<(u64, u32)> = (0..3)
+            .map(|_| {
+                let len = rng.gen_range(1..10_000u32);
+                (rng.gen_range(0..(big.len() - len as usize) as u64), len)
+            })
+            .collect();
+        assert_exact(&big, &ranges, &read(&dataset, &ranges));
+        let used = node.gauge("sluice_cache_used_bytes").expect("used gauge");
+        assert!(used <= budget as f64, "{used} bytes cached over a budget of {budget}");
+    }
+    let cache = cache_of(&node, "big");
+    assert!(cache["chunks_evicted"].as_u64() > Some(0), "{cache}");
+    assert!(cache["chunks_present"].as_u64() <= Some(16 - 4), "{cache}");
+    let pinned = cache_of(&node, "small");
+    assert_eq!(pinned["chunks_present"], pinned["chunks_total"], "a pinned dataset keeps every chunk: {pinned}");
+    assert_eq!(pinned["chunks_evicted"], 0);
+    let gets = s3.gets();
+    let small_dataset = client.open("small").expect("open");
+    let all = [(0, small.len() as u32)];
+    assert_exact(&small, &all, &read(&small_dataset, &all));
+    let all = [(0, ingested_bytes.len() as u32)];
+    assert_exact(&ingested_bytes, &all, &read(&ingested, &all));
+    assert_eq!(s3.gets(), gets, "the pinned and the ingested datasets were read from the node alone");
+    // Unpinned, its chunks may go: the big dataset's reads evict them.
+    node.ctl_ok(&["dataset", "unpin", "small"]);
+    for chunk in 0..40u64 {
+        let range = [(chunk * CHUNK as u64, 100)];
+        assert_exact(&big, &range, &read(&dataset, &range));
+    }
+    assert!(cache_of(&node, "small")["chunks_evicted"].as_u64() > Some(0));
 }

@@ -160,6 +160,15 @@ pub enum DatasetCommand {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Keep every chunk of a source-backed dataset on the node: never
+    /// evicted under the cache budget.
+    Pin {
+        name: String,
+    },
+    /// Let the coldest chunks of a source-backed dataset be evicted again.
+    Unpin {
+        name: String,
+    },
     /// Append files (raw, .npy arrays, or tar shards for wds) in order.
     Ingest {
         name: String,

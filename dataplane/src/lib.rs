@@ -25,6 +25,6 @@ pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
 };
 pub use engine::{
-    AttachError, BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, ReadBatch, SubmitError,
+    AttachError, BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, Hold, ReadBatch, SubmitError,
 };
 pub use steer::{Flow, FlowLease, LaneDecisions};

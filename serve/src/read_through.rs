@@ -11,23 +11,25 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use sluice_dataplane::{ByteRange, DataPlane, ReadBatch, SubmitError};
+use sluice_dataplane::{ByteRange, DataPlane, Hold, ReadBatch, SubmitError};
 use sluice_proto::RangeStatus;
 use tokio::sync::oneshot;
 
 /// What a fill gives back: a status per range of the batch, `Ok` when
-/// every chunk the range covers is now present.
-pub type FillOutcome = Pin<Box<dyn Future<Output = Vec<RangeStatus>> + Send>>;
+/// every chunk the range covers is present, and the lease that keeps them
+/// so while the batch is read and answered.
+pub type FillOutcome = Pin<Box<dyn Future<Output = (Vec<RangeStatus>, Option<Hold>)> + Send>>;
 
 /// A dataset whose chunks may not all be on the node yet.
 pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
-    /// Whether every chunk `ranges` cover is present: a check of the
-    /// presence bitmap, no I/O, no lock.
-    fn all_present(&self, ranges: &[ByteRange]) -> bool;
+    /// If every chunk `ranges` cover is present, a lease that keeps them
+    /// from eviction until it is dropped (with the batch's result); `None`
+    /// if one is missing. A check of the presence bitmap: no I/O, no lock.
+    fn admit(&self, ranges: &[ByteRange]) -> Option<Hold>;
 
     /// Makes the chunks `ranges` cover present, fetching the missing ones
-    /// from the source; one status per range. A range past the dataset's
-    /// end is `Ok` here (the data plane answers it).
+    /// from the source; one status per range, and the lease. A range past
+    /// the dataset's end is `Ok` here (the data plane answers it).
     fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome;
 }
 
@@ -43,14 +45,15 @@ pub async fn submit(
     batch: ReadBatch,
     through: Option<&Arc<dyn ReadThrough>>,
 ) -> Result<(), SubmitError> {
-    let Some(through) = through.filter(|t| !t.all_present(&batch.ranges)) else {
-        return plane.submit(batch).await;
-    };
+    let Some(through) = through else { return plane.submit(batch).await };
+    if let Some(lease) = through.admit(&batch.ranges) {
+        return plane.submit(ReadBatch { hold: Some(lease), ..batch }).await;
+    }
     let fill = through.fill(batch.ranges.clone());
     let plane = Arc::clone(plane);
     tokio::spawn(async move {
-        let ReadBatch { dataset, client_id, flow, mut ranges, reply } = batch;
-        let statuses = fill.await;
+        let ReadBatch { dataset, client_id, flow, mut ranges, reply, hold: _ } = batch;
+        let (statuses, hold) = fill.await;
         assert_eq!(statuses.len(), ranges.len(), "a fill answers every range");
         for (range, status) in ranges.iter_mut().zip(&statuses) {
             if *status != RangeStatus::Ok {
@@ -59,7 +62,7 @@ pub async fn submit(
             }
         }
         let (inner, result) = oneshot::channel();
-        if let Err(err) = plane.submit(ReadBatch { dataset, client_id, flow, ranges, reply: inner }).await {
+        if let Err(err) = plane.submit(ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold }).await {
             let _ = reply.send(Err(err));
             return;
         }

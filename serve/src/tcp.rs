@@ -316,7 +316,7 @@ impl<R: DatasetResolver> Connection<R> {
                         .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
                         .collect();
                     let (reply, result) = oneshot::channel();
-                    let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply };
+                    let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                     let submitted = read_through::submit(&self.plane, batch, through.as_ref());
                     let outgoing = match self.unless_revoked(session, &mut revocations, submitted).await? {
                         Ok(()) => {

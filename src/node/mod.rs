@@ -181,6 +181,7 @@ impl Node {
             request_timeout: std::time::Duration::from_millis(config.source_timeout_ms.max(1)),
             retries: config.source_retries,
             fetches_in_flight_max: config.source_fetches_max.max(1),
+            cache_bytes_max: config.cache_bytes_max,
             ..sluice_control::source::SourceOptions::default()
         });
         control.set_policy_rules(sluice_control::PolicyRules {

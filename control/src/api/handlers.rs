@@ -30,6 +30,8 @@ use super::*;
         stat,
         warm,
         cache,
+        pin,
+        unpin,
         remove,
         ingest,
         seal,
@@ -243,6 +245,24 @@ pub(super) async fn cache(
     ApiPath(name): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.cache_report(&name).await?))
+}
+
+/// Pins a source-backed dataset: its chunks are never evicted.
+#[utoipa::path(put, path = "/v1/datasets/{name}/pin", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = sluice_proto::api::CacheReport), (status = 404, body = ApiErrorBody), (status = 502, body = ApiErrorBody)))]
+pub(super) async fn pin(
+    State(control): State<Shared>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.pin(&name, true)?))
+}
+
+/// Unpins a source-backed dataset: its coldest chunks may be evicted again.
+#[utoipa::path(delete, path = "/v1/datasets/{name}/pin", tag = "datasets", params(("name" = String, Path)), responses((status = 200, body = sluice_proto::api::CacheReport), (status = 404, body = ApiErrorBody), (status = 502, body = ApiErrorBody)))]
+pub(super) async fn unpin(
+    State(control): State<Shared>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.pin(&name, false)?))
 }
 
 #[utoipa::path(delete, path = "/v1/datasets/{name}", tag = "datasets", params(("name" = String, Path)), responses((status = 204, description = "Deleted; its namespace released and its grants revoked"), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody)))]

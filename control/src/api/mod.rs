@@ -74,6 +74,8 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/v1/datasets/{name}/scrub", Access::Operator),
     ("POST", "/v1/datasets/{name}/warm", Access::Operator),
     ("GET", "/v1/datasets/{name}/cache", Access::DatasetReader),
+    ("PUT", "/v1/datasets/{name}/pin", Access::Operator),
+    ("DELETE", "/v1/datasets/{name}/pin", Access::Operator),
     ("GET", "/v1/datasets/{name}/chunks", Access::DatasetReader),
     ("GET", "/v1/datasets/{name}/index", Access::DatasetReader),
     ("POST", "/v1/datasets/{name}/index", Access::Operator),
@@ -111,6 +113,7 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}/scrub", post(scrub))
         .route("/v1/datasets/{name}/warm", post(warm))
         .route("/v1/datasets/{name}/cache", get(cache))
+        .route("/v1/datasets/{name}/pin", axum::routing::put(pin).delete(unpin))
         .route("/v1/datasets/{name}/chunks", get(chunks))
         .route("/v1/grants", get(list_grants).post(create_grant))
         .route("/v1/grants/{id}", axum::routing::delete(revoke_grant))

@@ -183,6 +183,53 @@ impl ControlPlane {
                 samples: vec![(vec![], (dir.capacity_bytes - dir.used_bytes) as f64)],
             });
         }
+        gauges.extend(self.cache_gauges());
         render(&samples, &gauges)
     }
+
+    /// The cache tier on `/metrics`: the budget, and per source-backed
+    /// dataset its hits, fills, evictions, fill latency and source errors.
+    fn cache_gauges(&self) -> Vec<crate::metrics::Gauge> {
+        use crate::metrics::Gauge;
+        let caches: Vec<_> = self.caches.lock().map(|c| c.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        let reports: Vec<_> = caches.iter().map(|c| c.report(false)).collect();
+        let budget = self.sources.read().map(|s| Arc::clone(s.budget())).ok();
+        let per = |value: fn(&sluice_proto::api::CacheReport) -> u64| {
+            reports.iter().map(|r| (vec![("dataset", r.name.clone())], value(r) as f64)).collect::<Vec<_>>()
+        };
+        let mut gauges = vec![
+            Gauge {
+                name: "sluice_cache_budget_bytes",
+                help: "cache_bytes_max: what source-backed chunks may take on the node (0: no budget).",
+                samples: vec![(vec![], budget.as_ref().map_or(0, |b| b.max_bytes()) as f64)],
+            },
+            Gauge {
+                name: "sluice_cache_used_bytes",
+                help: "Bytes of source-backed chunks on the node.",
+                samples: vec![(vec![], budget.as_ref().map_or(0, |b| b.used_bytes()) as f64)],
+            },
+        ];
+        let rows: [(&'static str, &'static str, CacheValue); 9] = [
+            ("sluice_cache_chunks_present", "Chunks of a source-backed dataset on the node.", |r| r.chunks_present),
+            ("sluice_cache_reads_present_total", "Batches whose chunks were all on the node (hits).", |r| {
+                r.reads_present
+            }),
+            ("sluice_cache_reads_filled_total", "Batches that waited on a fill (misses).", |r| r.reads_filled),
+            ("sluice_cache_filled_bytes_total", "Bytes fetched from the source into the cache.", |r| r.bytes_filled),
+            ("sluice_cache_evicted_bytes_total", "Bytes evicted under the cache budget.", |r| r.bytes_evicted),
+            ("sluice_cache_fill_mean_microseconds", "Mean time of a fill (fetch and commit).", |r| r.fill_mean_micros),
+            ("sluice_cache_source_errors_total", "Fetches that failed after every retry.", |r| r.source_errors),
+            ("sluice_cache_source_changed_total", "Fetches refused because the object changed since create.", |r| {
+                r.source_changed
+            }),
+            ("sluice_cache_pinned", "1 for a pinned source-backed dataset.", |r| u64::from(r.pinned)),
+        ];
+        for (name, help, value) in rows {
+            gauges.push(Gauge { name, help, samples: per(value) });
+        }
+        gauges
+    }
 }
+
+/// One figure of a cache's report.
+type CacheValue = fn(&sluice_proto::api::CacheReport) -> u64;

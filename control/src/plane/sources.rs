@@ -18,6 +18,9 @@ use crate::source::{FetchError, SourceError, SourceOptions, Sources};
 /// warmed dataset is hashed.
 const SOURCE_STEP_BYTES: u64 = 8 << 20;
 
+/// Passes of a warm over the missing chunks, for those evicted meanwhile.
+const WARM_PASSES_MAX: usize = 3;
+
 /// Where a source-backed dataset's bytes come from.
 #[derive(Clone, Debug, Default)]
 pub struct SourceSpec {
@@ -123,7 +126,8 @@ impl ControlPlane {
         record.files_ingested = shaped.objects.len() as u32;
         record.state = DatasetState::Sealed;
         record.sealed_unix_ms = Some(now_unix_ms());
-        record.source = Some(DatasetSource { urls, objects: shaped.objects, manifest_hash, warm_requested: false });
+        record.source =
+            Some(DatasetSource { urls, objects: shaped.objects, manifest_hash, warm_requested: false, pinned: false });
         self.catalog.update(&record, None)?;
         Ok(record)
     }
@@ -150,9 +154,11 @@ impl ControlPlane {
             source.objects.clone(),
             self.sources(),
             runtime,
+            source.pinned,
         )
         .map_err(|e| self.ns_error(record, e))?;
         let cache = Arc::new(cache);
+        self.sources().budget().register(&cache);
         caches.insert(record.name.clone(), Arc::clone(&cache));
         Ok(cache)
     }
@@ -178,8 +184,8 @@ impl ControlPlane {
 
     /// Drops a dataset's cache and its files (at delete).
     pub(super) fn forget_cache(&self, record: &DatasetRecord) {
-        if let Ok(mut caches) = self.caches.lock() {
-            caches.remove(&record.name);
+        if let Some(cache) = self.caches.lock().ok().and_then(|mut c| c.remove(&record.name)) {
+            self.sources().budget().forget(&cache);
         }
         let (present, crcs) = cache_paths(&self.data_dir, record.id);
         let _ = std::fs::remove_file(present);
@@ -201,6 +207,13 @@ impl ControlPlane {
         let mut record = self.catalog.require(name)?;
         let cache = self.cache_for(&record)?;
         let hydrated = record.content_hash.is_some();
+        let budget = self.sources().budget().max_bytes();
+        if budget != 0 && record.length_bytes > budget {
+            return Err(ControlError::Source(format!(
+                "{name} ({} bytes) is larger than the node's cache budget (cache_bytes_max = {budget}): it cannot be warm whole",
+                record.length_bytes
+            )));
+        }
         if hydrated || cache.warming.swap(true, Ordering::AcqRel) {
             return Ok(cache.report(hydrated));
         }
@@ -212,7 +225,14 @@ impl ControlPlane {
         let control = Arc::clone(self);
         let name = name.to_string();
         tokio::spawn(async move {
-            let filled = cache.warm(parallel.max(1)).await;
+            // Chunks evicted while the warm ran are filled again.
+            let mut filled = Ok(());
+            for _ in 0..WARM_PASSES_MAX {
+                filled = cache.warm(parallel.max(1)).await;
+                if filled.is_err() || cache.chunks_present() == cache.chunks_total() {
+                    break;
+                }
+            }
             let outcome = match filled {
                 Ok(()) => {
                     let control = Arc::clone(&control);
@@ -232,9 +252,32 @@ impl ControlPlane {
         Ok(report)
     }
 
-    /// Goes on with every warm a restart interrupted.
+    /// Pins `name` (its chunks are never evicted) or unpins it.
+    pub fn pin(&self, name: &str, pinned: bool) -> Result<CacheReport, ControlError> {
+        let _guard = self.busy(name)?;
+        let mut record = self.catalog.require(name)?;
+        let Some(source) = record.source.as_mut() else {
+            return Err(ControlError::Source(format!(
+                "{name} is ingested: only source-backed datasets are ever evicted"
+            )));
+        };
+        if source.pinned != pinned {
+            source.pinned = pinned;
+            self.catalog.update(&record, None)?;
+        }
+        let cache = self.cache_for(&record)?;
+        cache.pinned.store(pinned, Ordering::Relaxed);
+        Ok(cache.report(record.content_hash.is_some()))
+    }
+
+    /// At start: opens every source-backed dataset's cache (so the budget
+    /// counts what is on the node) and goes on with every warm a restart
+    /// interrupted.
     pub async fn resume_warms(self: &Arc<Self>) -> Result<(), ControlError> {
         for record in self.catalog.list()? {
+            if record.source.is_some() && record.state == DatasetState::Sealed {
+                self.cache_for(&record)?;
+            }
             if record.source.as_ref().is_some_and(|s| s.warm_requested) && record.content_hash.is_none() {
                 tracing::info!(dataset = record.name, "going on with an interrupted warm");
                 self.warm(&record.name, 4).await?;
@@ -251,7 +294,13 @@ impl ControlPlane {
         let _guard = self.busy(name)?;
         let mut record = self.catalog.require(name)?;
         let cache = self.cache_for(&record)?;
-        assert_eq!(cache.chunks_present(), cache.chunks_total(), "hydrating a dataset with chunks missing");
+        if cache.chunks_present() != cache.chunks_total() {
+            return Err(ControlError::Source(format!(
+                "{name}: {} of {} chunks present after the warm (evicted under the cache budget meanwhile?)",
+                cache.chunks_present(),
+                cache.chunks_total()
+            )));
+        }
         let ns = self.namespace(&record)?;
         let stored = cache.block_crcs();
         let mut hasher = blake3::Hasher::new();

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::blocks::{self, BLOCKS_PER_CHUNK};
-use sluice_dataplane::{BlockCrcs, ByteRange, Namespace};
+use sluice_dataplane::{BlockCrcs, ByteRange, Hold, Namespace};
 use sluice_proto::api::{CacheReport, SourceObject};
 use sluice_proto::{RangeStatus, CHUNK_SIZE_BYTES};
 use sluice_serve::read_through::{FillOutcome, ReadThrough};
@@ -38,11 +38,24 @@ pub const RUN_CHUNKS_MAX: u64 = 64;
 /// How one chunk's fill ended.
 type RunOutcome = Result<(), FetchError>;
 
-/// What waiters on a run see: its first chunk and an outcome per chunk.
-type RunResult = Option<(u64, Arc<Vec<RunOutcome>>)>;
+/// How a claim on chunks ended, as waiters on it see it.
+#[derive(Debug)]
+pub(super) enum RunEnd {
+    /// A fill: its first chunk and an outcome per chunk.
+    Filled { first: u64, outcomes: Arc<Vec<RunOutcome>> },
+    /// An eviction: the chunks are gone; fill them again.
+    Evicted,
+}
+
+/// What waiters on a claim see (`None` while it runs).
+pub(super) type RunResult = Option<RunEnd>;
+
+/// Times a reader fills and finds its chunks evicted again before it
+/// could read them, before its ranges fail as unavailable.
+const FILL_ATTEMPTS_MAX: usize = 4;
 
 /// The cache files of one dataset.
-struct CacheFiles {
+pub(super) struct CacheFiles {
     present: File,
     crcs: File,
 }
@@ -55,13 +68,18 @@ pub fn cache_paths(data_dir: &Path, dataset_id: u64) -> (PathBuf, PathBuf) {
 
 /// Counters of one dataset's cache since the node started.
 #[derive(Default)]
-struct CacheStats {
+pub(super) struct CacheStats {
     reads_present: AtomicU64,
     reads_filled: AtomicU64,
     chunks_filled: AtomicU64,
     bytes_filled: AtomicU64,
     source_errors: AtomicU64,
     source_changed: AtomicU64,
+    pub(super) chunks_evicted: AtomicU64,
+    pub(super) bytes_evicted: AtomicU64,
+    /// Fill runs committed and the time they took, for the mean latency.
+    fills: AtomicU64,
+    fill_micros: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -80,11 +98,20 @@ pub struct ChunkCache {
     present: Vec<AtomicU64>,
     block_crcs: BlockCrcs,
     files: Mutex<CacheFiles>,
-    /// Chunks being fetched now, each with the outcome its fill sends.
-    in_flight: Mutex<HashMap<u64, watch::Receiver<RunResult>>>,
+    /// Chunks being fetched or evicted now, each with the end its claim
+    /// sends.
+    pub(super) in_flight: Mutex<HashMap<u64, watch::Receiver<RunResult>>>,
+    /// A bit per chunk read since the eviction clock last passed it.
+    pub(super) referenced: Vec<AtomicU64>,
+    /// Readers holding leases, by epoch parity ([`super::evict`]).
+    pub(super) readers: [AtomicU64; 2],
+    pub(super) epoch: AtomicU64,
+    /// `dataset pin`: never evicted.
+    pub(crate) pinned: AtomicBool,
     runtime: tokio::runtime::Handle,
-    stats: CacheStats,
+    pub(super) stats: CacheStats,
     pub(crate) warming: AtomicBool,
+    budget: Arc<super::evict::CacheBudget>,
 }
 
 impl std::fmt::Debug for ChunkCache {
@@ -98,20 +125,39 @@ impl std::fmt::Debug for ChunkCache {
 pub struct CacheReader(pub Arc<ChunkCache>);
 
 impl ReadThrough for CacheReader {
-    fn all_present(&self, ranges: &[ByteRange]) -> bool {
-        let present = ranges.iter().all(|r| self.0.chunks_of(*r).all(|c| self.0.is_present(c)));
-        if present {
-            self.0.stats.reads_present.fetch_add(1, Ordering::Relaxed);
-        }
-        present
+    fn admit(&self, ranges: &[ByteRange]) -> Option<Hold> {
+        let lease = self.0.present_lease(ranges)?;
+        self.0.stats.reads_present.fetch_add(1, Ordering::Relaxed);
+        Some(Box::new(lease))
     }
 
     fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome {
         let cache = Arc::clone(&self.0);
         let count = ranges.len();
         cache.stats.reads_filled.fetch_add(1, Ordering::Relaxed);
-        let task = self.0.runtime.spawn(async move { cache.fill_ranges(&ranges).await });
-        Box::pin(async move { task.await.unwrap_or_else(|_| vec![RangeStatus::SourceUnavailable; count]) })
+        let task = self.0.runtime.spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..FILL_ATTEMPTS_MAX {
+                statuses = cache.fill_ranges(&ranges).await;
+                // The ranges that filled, leased before the bits are read
+                // again: evicted in between means filling them again.
+                let filled: Vec<ByteRange> =
+                    ranges.iter().zip(&statuses).filter(|(_, s)| **s == RangeStatus::Ok).map(|(r, _)| *r).collect();
+                if let Some(lease) = cache.present_lease(&filled) {
+                    return (statuses, Some(Box::new(lease) as Hold));
+                }
+            }
+            for (range, status) in ranges.iter().zip(&mut statuses) {
+                if *status == RangeStatus::Ok && cache.chunks_of(*range).any(|c| !cache.is_present(c)) {
+                    *status = RangeStatus::SourceUnavailable;
+                }
+            }
+            cache.note_error(&cache.unavailable(
+                "chunks were evicted as fast as they filled: the cache budget is smaller than the reads in flight",
+            ));
+            (statuses, None)
+        });
+        Box::pin(async move { task.await.unwrap_or_else(|_| (vec![RangeStatus::SourceUnavailable; count], None)) })
     }
 }
 
@@ -130,6 +176,7 @@ impl ChunkCache {
         objects: Vec<SourceObject>,
         sources: Arc<Sources>,
         runtime: tokio::runtime::Handle,
+        pinned: bool,
     ) -> std::io::Result<Self> {
         let chunks = length_bytes.div_ceil(CHUNK_SIZE_BYTES);
         let block_count = blocks::block_count(length_bytes);
@@ -156,6 +203,7 @@ impl ChunkCache {
         let mut crc_raw = vec![0u8; crc_bytes as usize];
         crc_file.read_exact_at(&mut crc_raw, 0)?;
         let crcs: Vec<u32> = crc_raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let words = chunks.div_ceil(64) as usize;
         let present: Vec<AtomicU64> = bitmap
             .chunks(8)
             .map(|word| {
@@ -178,14 +226,19 @@ impl ChunkCache {
             namespace,
             objects,
             starts,
-            sources,
             present,
             block_crcs: BlockCrcs::from(crcs),
             files: Mutex::new(CacheFiles { present: present_file, crcs: crc_file }),
             in_flight: Mutex::new(HashMap::new()),
+            referenced: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            readers: [AtomicU64::new(0), AtomicU64::new(0)],
+            epoch: AtomicU64::new(0),
+            pinned: AtomicBool::new(pinned),
             runtime,
             stats: CacheStats::default(),
             warming: AtomicBool::new(false),
+            budget: Arc::clone(&sources.budget),
+            sources,
         })
     }
 
@@ -204,13 +257,51 @@ impl ChunkCache {
     }
 
     pub fn is_present(&self, chunk: u64) -> bool {
-        let word = self.present[(chunk / 64) as usize].load(Ordering::Acquire);
+        // SeqCst: the other half of an eviction's clear-then-drain
+        // ([`super::evict`]).
+        let word = self.present[(chunk / 64) as usize].load(Ordering::SeqCst);
         word & (1 << (chunk % 64)) != 0
+    }
+
+    /// Bytes of chunk `chunk` (the last may be short).
+    pub(super) fn chunk_bytes(&self, chunk: u64) -> u64 {
+        (self.length_bytes - chunk * CHUNK_SIZE_BYTES).min(CHUNK_SIZE_BYTES)
+    }
+
+    /// Bytes of the chunks present.
+    pub(super) fn present_bytes(&self) -> u64 {
+        (0..self.chunks_total()).filter(|&c| self.is_present(c)).map(|c| self.chunk_bytes(c)).sum()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn length_bytes(&self) -> u64 {
+        self.length_bytes
+    }
+
+    /// A lease on the chunks `ranges` cover if all are present, each
+    /// marked as read for the eviction clock.
+    fn present_lease(self: &Arc<Self>, ranges: &[ByteRange]) -> Option<super::evict::ReadLease> {
+        let lease = super::evict::ReadLease::take(self);
+        for range in ranges {
+            for chunk in self.chunks_of(*range) {
+                if !self.is_present(chunk) {
+                    return None;
+                }
+                let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
+                if self.referenced[word].load(Ordering::Relaxed) & bit == 0 {
+                    self.referenced[word].fetch_or(bit, Ordering::Relaxed);
+                }
+            }
+        }
+        Some(lease)
     }
 
     /// The chunks a range covers; none for an empty range or one past the
     /// end (the data plane answers those).
-    fn chunks_of(&self, range: ByteRange) -> std::ops::Range<u64> {
+    pub(super) fn chunks_of(&self, range: ByteRange) -> std::ops::Range<u64> {
         let end = range.offset_bytes.saturating_add(u64::from(range.len_bytes));
         if range.len_bytes == 0 || end > self.length_bytes {
             return 0..0;
@@ -232,6 +323,14 @@ impl ChunkCache {
             bytes_filled: s.bytes_filled.load(Ordering::Relaxed),
             source_errors: s.source_errors.load(Ordering::Relaxed),
             source_changed: s.source_changed.load(Ordering::Relaxed),
+            chunks_evicted: s.chunks_evicted.load(Ordering::Relaxed),
+            bytes_evicted: s.bytes_evicted.load(Ordering::Relaxed),
+            fill_mean_micros: s
+                .fill_micros
+                .load(Ordering::Relaxed)
+                .checked_div(s.fills.load(Ordering::Relaxed))
+                .unwrap_or(0),
+            pinned: self.pinned.load(Ordering::Relaxed),
             last_error: s.last_error.lock().ok().and_then(|e| e.clone()),
         }
     }
@@ -299,7 +398,7 @@ impl ChunkCache {
                             in_flight.remove(&chunk);
                         }
                     }
-                    let _ = done.send(Some((first, Arc::new(outcomes))));
+                    let _ = done.send(Some(RunEnd::Filled { first, outcomes: Arc::new(outcomes) }));
                 });
             }
         }
@@ -307,7 +406,9 @@ impl ChunkCache {
         for (chunk, mut wait) in waits {
             let outcome = match wait.wait_for(Option::is_some).await {
                 Ok(run) => match &*run {
-                    Some((first, outcomes)) => outcomes[(chunk - first) as usize].clone(),
+                    Some(RunEnd::Filled { first, outcomes }) => outcomes[(chunk - first) as usize].clone(),
+                    // The caller finds it missing and fills it again.
+                    Some(RunEnd::Evicted) => Ok(()),
                     None => Err(self.unavailable("the fill ended without an outcome")),
                 },
                 Err(_) => Err(self.unavailable("the fill ended without an outcome")),
@@ -317,7 +418,7 @@ impl ChunkCache {
         outcomes
     }
 
-    fn unavailable(&self, why: &str) -> FetchError {
+    pub(super) fn unavailable(&self, why: &str) -> FetchError {
         FetchError::Unavailable { url: self.name.clone(), why: why.to_string(), attempts: 0 }
     }
 
@@ -327,7 +428,15 @@ impl ChunkCache {
     async fn fill_run(self: &Arc<Self>, first: u64, count: u64) -> Vec<RunOutcome> {
         let start = first * CHUNK_SIZE_BYTES;
         let end = ((first + count) * CHUNK_SIZE_BYTES).min(self.length_bytes);
+        let started = std::time::Instant::now();
+        // Room first: the budget evicts the coldest chunks to make it.
+        if let Err(why) = self.budget.reserve(end - start, self).await {
+            let err = self.unavailable(&why);
+            self.note_error(&err);
+            return vec![Err(err); count as usize];
+        }
         let Ok(permit) = self.sources.fetches.acquire().await else {
+            self.budget.release(end - start);
             return vec![Err(self.unavailable("shutting down")); count as usize];
         };
         let mut outcomes: Vec<RunOutcome> = vec![Ok(()); count as usize];
@@ -394,10 +503,16 @@ impl ChunkCache {
             }
             Err(join) => outcomes.fill(Err(self.unavailable(&join.to_string()))),
         }
+        // Room reserved for chunks that did not arrive goes back.
+        let unfilled: u64 =
+            (0..count).filter(|&i| outcomes[i as usize].is_err()).map(|i| self.chunk_bytes(first + i)).sum();
+        self.budget.release(unfilled);
+        self.stats.fills.fetch_add(1, Ordering::Relaxed);
+        self.stats.fill_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         outcomes
     }
 
-    fn note_error(&self, err: &FetchError) {
+    pub(super) fn note_error(&self, err: &FetchError) {
         let counter = match err {
             FetchError::Changed { .. } => &self.stats.source_changed,
             FetchError::Unavailable { .. } => &self.stats.source_errors,
@@ -425,16 +540,39 @@ impl ChunkCache {
         self.block_crcs.set(first_block as usize, &crcs);
         let count = (data.len() as u64).div_ceil(CHUNK_SIZE_BYTES);
         for chunk in first..first + count {
-            self.present[(chunk / 64) as usize].fetch_or(1 << (chunk % 64), Ordering::Release);
+            let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
+            self.referenced[word].fetch_or(bit, Ordering::Relaxed);
+            self.present[word].fetch_or(bit, Ordering::SeqCst);
         }
-        // The bitmap bytes this run touched, as they are now.
-        let (byte_first, byte_end) = (first / 8, (first + count).div_ceil(8));
+        self.persist_bits(&files, first..first + count)
+    }
+
+    /// Writes the bitmap bytes that hold chunks `chunks`, as they are now,
+    /// and makes them durable.
+    pub(super) fn persist_bits(&self, files: &CacheFiles, chunks: std::ops::Range<u64>) -> std::io::Result<()> {
+        let (byte_first, byte_end) = (chunks.start / 8, chunks.end.div_ceil(8));
         let bytes: Vec<u8> = (byte_first..byte_end)
-            .map(|b| (self.present[(b / 8) as usize].load(Ordering::Acquire) >> ((b % 8) * 8)) as u8)
+            .map(|b| (self.present[(b / 8) as usize].load(Ordering::SeqCst) >> ((b % 8) * 8)) as u8)
             .collect();
         files.present.write_all_at(&bytes, byte_first)?;
-        files.present.sync_data()?;
-        Ok(())
+        files.present.sync_data()
+    }
+
+    /// The cache files, for an eviction's bitmap update.
+    pub(super) fn files(&self) -> std::io::Result<std::sync::MutexGuard<'_, CacheFiles>> {
+        self.files.lock().map_err(|_| std::io::Error::other("cache files poisoned"))
+    }
+
+    pub(super) fn namespace(&self) -> &Arc<dyn Namespace> {
+        &self.namespace
+    }
+
+    pub(super) fn base_offset_bytes(&self) -> u64 {
+        self.base_offset_bytes
+    }
+
+    pub(super) fn present_words(&self) -> &[AtomicU64] {
+        &self.present
     }
 
     /// Fills every missing chunk, `parallel` runs at once; the first error

@@ -17,6 +17,7 @@
 //! do not (a changed or vanished object, a refusal of credentials).
 
 pub mod cache;
+pub mod evict;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -42,6 +43,9 @@ pub struct SourceOptions {
     pub retry_backoff: Duration,
     /// Ranged GETs in flight at once, node-wide.
     pub fetches_in_flight_max: usize,
+    /// Bytes of source-backed chunks the node keeps at most (0: no
+    /// budget); fills past it evict the coldest.
+    pub cache_bytes_max: u64,
 }
 
 impl Default for SourceOptions {
@@ -51,6 +55,7 @@ impl Default for SourceOptions {
             retries: 4,
             retry_backoff: Duration::from_millis(100),
             fetches_in_flight_max: 16,
+            cache_bytes_max: 0,
         }
     }
 }
@@ -88,6 +93,8 @@ pub struct Sources {
     stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Bounds the ranged GETs in flight, node-wide.
     pub(crate) fetches: Arc<tokio::sync::Semaphore>,
+    /// What source-backed chunks may take on the node.
+    pub(crate) budget: Arc<evict::CacheBudget>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -99,11 +106,16 @@ impl std::fmt::Debug for Sources {
 impl Sources {
     pub fn new(options: SourceOptions) -> Self {
         let fetches = Arc::new(tokio::sync::Semaphore::new(options.fetches_in_flight_max.max(1)));
-        Self { options, stores: Mutex::new(HashMap::new()), fetches }
+        let budget = Arc::new(evict::CacheBudget::new(options.cache_bytes_max));
+        Self { options, stores: Mutex::new(HashMap::new()), fetches, budget }
     }
 
     pub fn options(&self) -> &SourceOptions {
         &self.options
+    }
+
+    pub fn budget(&self) -> &Arc<evict::CacheBudget> {
+        &self.budget
     }
 
     /// The store `url` lives in and the path inside it.

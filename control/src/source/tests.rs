@@ -92,7 +92,11 @@ fn cache_over(
     ns: Arc<dyn sluice_dataplane::Namespace>,
 ) -> Arc<ChunkCache> {
     let length: u64 = objects.iter().map(|o| o.data_bytes).sum();
-    Arc::new(ChunkCache::open("d", data_dir, 7, length, 0, ns, objects, sources, handle).expect("cache"))
+    let cache = Arc::new(
+        ChunkCache::open("d", data_dir, 7, length, 0, ns, objects, Arc::clone(&sources), handle, false).expect("cache"),
+    );
+    sources.budget().register(&cache);
+    cache
 }
 
 /// Random unaligned ranges fill exactly the chunks they cover, the bytes

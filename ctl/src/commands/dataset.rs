@@ -40,6 +40,18 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
             print_record(&record, json, &human);
         }
         DatasetCommand::Warm { name, parallel, no_wait } => warm(api, json, name, *parallel, *no_wait)?,
+        DatasetCommand::Pin { name } | DatasetCommand::Unpin { name } => {
+            let method = if matches!(command, DatasetCommand::Pin { .. }) { "PUT" } else { "DELETE" };
+            let report: CacheReport = api
+                .call(api.request(method, &format!("/v1/datasets/{name}/pin")).call())?
+                .into_json()
+                .map_err(unreadable_answer)?;
+            if json {
+                println!("{}", json_line(&report)?);
+            } else {
+                println!("{name} is {}; {}", if report.pinned { "pinned" } else { "unpinned" }, cache_line(&report));
+            }
+        }
         DatasetCommand::Ingest { name, files, format, index } => {
             // Refuse early what the node would refuse after the upload.
             let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
@@ -134,13 +146,16 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
 /// One line on a source-backed dataset's cache.
 fn cache_line(cache: &CacheReport) -> String {
     let mut line = format!(
-        "cache: {}/{} chunks present{}{}; filled {} chunks ({} bytes); source errors {}, changed {}",
+        "cache: {}/{} chunks present{}{}{}; filled {} chunks ({} bytes, mean {} µs a fill), evicted {}; source errors {}, changed {}",
         cache.chunks_present,
         cache.chunks_total,
         if cache.hydrated { ", hydrated" } else { "" },
         if cache.warming { ", warming" } else { "" },
+        if cache.pinned { ", pinned" } else { "" },
         cache.chunks_filled,
         cache.bytes_filled,
+        cache.fill_mean_micros,
+        cache.chunks_evicted,
         cache.source_errors,
         cache.source_changed,
     );

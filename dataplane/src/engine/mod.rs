@@ -140,7 +140,14 @@ pub struct ReadBatch {
     pub flow: Flow,
     pub ranges: Vec<ByteRange>,
     pub reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+    /// Kept alive until the batch's result is dropped: what the batch
+    /// needs to outlive it (a source-backed dataset's read lease, which
+    /// keeps its chunks from being evicted while their bytes are served).
+    pub hold: Option<Hold>,
 }
+
+/// Anything a batch keeps alive until its result is dropped.
+pub type Hold = Box<dyn std::any::Any + Send + Sync>;
 
 enum CoreMsg {
     Batch(ReadBatch),
@@ -373,7 +380,7 @@ impl DataPlane {
         ranges: Vec<ByteRange>,
     ) -> Result<BatchResult, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply }).await?;
+        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply, hold: None }).await?;
         rx.await.map_err(|_| SubmitError::Shutdown)?
     }
 

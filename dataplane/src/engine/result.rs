@@ -9,6 +9,8 @@ pub struct BatchResult {
     pub(super) plan: BatchPlan,
     pub(super) lease: SlotLease,
     pub(super) lane: Lane,
+    /// Dropped with the result, after its bytes were sent.
+    pub(super) _hold: Option<Hold>,
 }
 
 impl BatchResult {

@@ -198,6 +198,9 @@ pub struct DatasetSource {
     /// with it.
     #[serde(default)]
     pub warm_requested: bool,
+    /// `dataset pin`: its chunks are never evicted.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// One object of a source-backed dataset, as pinned at create.
@@ -239,6 +242,13 @@ pub struct CacheReport {
     /// source changed.
     pub source_errors: u64,
     pub source_changed: u64,
+    /// Chunks evicted under the node's cache budget, and their bytes.
+    pub chunks_evicted: u64,
+    pub bytes_evicted: u64,
+    /// Mean time of a fill (fetch and commit of a run of chunks).
+    pub fill_mean_micros: u64,
+    /// `dataset pin`: its chunks are never evicted.
+    pub pinned: bool,
     /// The last source error, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

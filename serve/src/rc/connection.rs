@@ -355,7 +355,7 @@ impl<R: DatasetResolver> Connection<R> {
                     Admission::Admitted { slot, flow, counters, read_through } => (slot, flow, counters, read_through),
                 };
                 let (reply, result) = oneshot::channel();
-                let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply };
+                let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                 if crate::read_through::submit(&self.device.plane, batch, through.as_ref()).await.is_err() {
                     counters.record_failed_batch();
                     let completed =

@@ -118,6 +118,7 @@ impl CoreEngine {
                 block_size_bytes,
                 probe,
                 reply: batch.reply,
+                hold: batch.hold,
             });
             if units == 0 {
                 self.complete(active_index);

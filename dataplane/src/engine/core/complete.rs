@@ -50,7 +50,7 @@ impl CoreEngine {
         batch.probe.complete_ns = monotonic_ns(self.clock);
         batch.probe.failed_ranges = plan.statuses.iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
         sluice_probe_batch_complete(&batch.probe);
-        let result = BatchResult { plan: batch.plan, lease: batch.lease, lane: batch.probe.lane() };
+        let result = BatchResult { plan: batch.plan, lease: batch.lease, lane: batch.probe.lane(), _hold: batch.hold };
         // A closed reply means the requester left; dropping the result
         // returns its slots.
         let _ = batch.reply.send(Ok(result));

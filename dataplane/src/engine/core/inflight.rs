@@ -22,6 +22,7 @@ pub(super) struct ActiveBatch {
     pub(super) block_size_bytes: u32,
     pub(super) probe: BatchProbe,
     pub(super) reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+    pub(super) hold: Option<Hold>,
 }
 
 /// Completion tags: batch slot, whether a block retry, block, unit.
