@@ -392,3 +392,72 @@ fn under_a_budget_smaller_than_the_dataset_reads_stay_exact_and_pinned_and_inges
     }
     assert!(cache_of(&node, "small")["chunks_evicted"].as_u64() > Some(0));
 }
+
+/// With `prefetch_steps`, the window loader tells the node the ranges of
+/// the steps ahead and the node fills them from the source before they
+/// are read: once the first steps are in, every read is served from the
+/// node (no batch waits on a fill), where without it every step's reads
+/// wait on the source.
+#[test]
+fn prefetch_steps_fill_the_steps_ahead_before_they_are_read() {
+    use sluice_client::loader::{WindowLoader, WindowLoaderConfig};
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    s3.create_bucket("prefetch");
+    let tokens = bytes_of(2 * 400 * CHUNK, 41);
+    s3.put("prefetch", "tokens.bin", &tokens);
+    let node = node_for(&s3, dir.path());
+    for name in ["ahead", "plain"] {
+        node.ctl_ok(&["dataset", "create", name, "--kind", "tokens:u16", "--source", "s3://prefetch/tokens.bin"]);
+    }
+    let config = WindowLoaderConfig {
+        window_tokens: 1024,
+        global_batch: 8,
+        rank: 0,
+        world: 1,
+        seed: 3,
+        samples_per_epoch: Some(4000),
+        stride_ratio: None,
+        prefetch: 1,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let reads_filled = |name: &str| cache_of(&node, name)["reads_filled"].as_u64().expect("reads_filled");
+    runtime.block_on(async {
+        let client = sluice_client::Client::connect(&node.endpoint).await.expect("connect");
+        let mut loaders = Vec::new();
+        for (name, steps) in [("ahead", 24), ("plain", 0)] {
+            let dataset = std::sync::Arc::new(client.open(name).await.expect("open"));
+            let mut loader = WindowLoader::new(dataset, &config).expect("loader");
+            loader.set_prefetch_steps(steps);
+            let first = loader.next_batch().await.expect("step 0");
+            assert_eq!(first.step, 0);
+            loaders.push(loader);
+        }
+        // What steps 1..20 read, to know when the hint has been filled.
+        let mut wanted = std::collections::BTreeSet::new();
+        for step in 1..20 {
+            for start in loaders[0].starts_of_step(step).expect("starts") {
+                let (a, b) = (start * 2, start * 2 + 2048);
+                wanted.extend(a / CHUNK as u64..b.div_ceil(CHUNK as u64));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (cache_of(&node, "ahead")["chunks_present"].as_u64().unwrap_or(0) as usize) < wanted.len() {
+            assert!(Instant::now() < deadline, "the hinted steps were not filled in 60 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (ahead_before, plain_before) = (reads_filled("ahead"), reads_filled("plain"));
+        for step in 1..20 {
+            for loader in &mut loaders {
+                let batch = loader.next_batch().await.expect("batch");
+                assert_eq!(batch.step, step);
+                for (i, &start) in batch.starts.iter().enumerate() {
+                    let at = start as usize * 2;
+                    assert!(batch.data[i * 2048..(i + 1) * 2048] == tokens[at..at + 2048], "step {step} sample {i}");
+                }
+            }
+        }
+        assert_eq!(reads_filled("ahead"), ahead_before, "with prefetch_steps no read waited on the source");
+        assert!(reads_filled("plain") >= plain_before + 15, "without it the reads wait on fills");
+    });
+}

@@ -350,6 +350,26 @@ impl Dataset {
         &self.name
     }
 
+    /// Tells the node which byte ranges coming steps will read, so that a
+    /// source-backed dataset fills them ahead of the reads (an ingested
+    /// dataset ignores it). Sent in the background; a hint that fails is
+    /// only logged: the reads fill what is missing anyway.
+    pub fn prefetch_hint(&self, ranges: Vec<(u64, u32)>) {
+        if ranges.is_empty() {
+            return;
+        }
+        let http = self.session().http.clone();
+        let path = format!("/v1/datasets/{}/prefetch", self.name);
+        let body: Vec<u8> =
+            ranges.iter().flat_map(|&(o, l)| o.to_le_bytes().into_iter().chain(l.to_le_bytes())).collect();
+        tokio::task::spawn_blocking(move || {
+            let sent = http.request("POST", &path).set("Content-Type", "application/octet-stream").send_bytes(&body);
+            if let Err(err) = http.call(sent) {
+                tracing::debug!("prefetch hint to {}: {err:?}", http.endpoint());
+            }
+        });
+    }
+
     /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {

@@ -14,6 +14,9 @@ use crate::{ClientError, Dataset, RangeStatus, ReadRange};
 /// Most steps a loader keeps in flight.
 pub const PREFETCH_MAX: usize = 64;
 
+/// Most steps ahead a loader tells the node of.
+pub const PREFETCH_STEPS_MAX: usize = 1024;
+
 #[derive(Clone, Debug)]
 pub struct WindowLoaderConfig {
     pub window_tokens: u32,
@@ -205,8 +208,28 @@ impl WindowLoader {
         Ok(())
     }
 
+    /// Tells the node, as the loader goes, which ranges the next `steps`
+    /// steps will read (`prefetch_steps`): a source-backed dataset then
+    /// fills them from its source ahead of the reads. The loader knows
+    /// every future step's samples; no shard-level guess is needed.
+    pub fn set_prefetch_steps(&mut self, steps: usize) {
+        self.steps.hint_steps = steps.min(PREFETCH_STEPS_MAX);
+    }
+
+    fn hint_ahead(&mut self) -> Result<(), LoaderError> {
+        let len = self.state.window * self.state.element_bytes;
+        let mut ranges = Vec::new();
+        for step in self.steps.to_hint() {
+            let starts = self.starts_of_step(step)?;
+            ranges.extend(starts.iter().map(|&s| (s * u64::from(self.state.element_bytes), len)));
+        }
+        self.dataset.prefetch_hint(ranges);
+        Ok(())
+    }
+
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
+        self.hint_ahead()?;
         while let Some(step) = self.steps.to_issue() {
             self.issue(step)?;
         }
@@ -228,17 +251,45 @@ struct Steps<T> {
     schedule: StepSchedule,
     next_issue: u64,
     in_flight: Prefetch<T>,
+    /// Steps ahead of the next read whose ranges are told to the node.
+    hint_steps: usize,
+    /// Steps before this were hinted already.
+    hinted_to: u64,
 }
 
 impl<T> Steps<T> {
     fn new(first: u64, prefetch: usize) -> Self {
-        Self { schedule: StepSchedule::from(first), next_issue: first, in_flight: Prefetch::new(prefetch) }
+        Self {
+            schedule: StepSchedule::from(first),
+            next_issue: first,
+            in_flight: Prefetch::new(prefetch),
+            hint_steps: 0,
+            hinted_to: first,
+        }
+    }
+
+    /// The steps of the next `hint_steps` not hinted yet.
+    fn to_hint(&mut self) -> Vec<u64> {
+        let mut steps = Vec::new();
+        let mut step = self.next_issue;
+        for _ in 0..self.hint_steps {
+            if !self.schedule.includes(step) {
+                break;
+            }
+            if step >= self.hinted_to {
+                steps.push(step);
+            }
+            step = self.schedule.after(step);
+        }
+        self.hinted_to = self.hinted_to.max(step);
+        steps
     }
 
     fn set(&mut self, schedule: StepSchedule) {
         self.in_flight.clear();
         self.schedule = schedule;
         self.next_issue = schedule.first;
+        self.hinted_to = schedule.first;
     }
 
     fn finished(&self) -> bool {
@@ -492,7 +543,29 @@ impl RecordLoader {
         Ok(())
     }
 
+    /// As [`WindowLoader::set_prefetch_steps`]: the node fills the records
+    /// of the next `steps` steps ahead of their reads.
+    pub fn set_prefetch_steps(&mut self, steps: usize) {
+        self.steps.hint_steps = steps.min(PREFETCH_STEPS_MAX);
+    }
+
+    fn hint_ahead(&mut self) -> Result<(), LoaderError> {
+        let mut ranges = Vec::new();
+        for step in self.steps.to_hint() {
+            let slice = rank_slice(step, self.state.global_batch, self.rank, self.world)?;
+            for global in slice {
+                let record = self.sampler.index(global);
+                let (offset, len) = self.index[record as usize];
+                ranges
+                    .push((offset, u32::try_from(len).map_err(|_| LoaderError::Index { index: record, records: 0 })?));
+            }
+        }
+        self.dataset.prefetch_hint(ranges);
+        Ok(())
+    }
+
     pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
+        self.hint_ahead()?;
         while let Some(step) = self.steps.to_issue() {
             self.issue(step)?;
         }

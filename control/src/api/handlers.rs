@@ -32,6 +32,7 @@ use super::*;
         cache,
         pin,
         unpin,
+        prefetch,
         remove,
         ingest,
         seal,
@@ -245,6 +246,38 @@ pub(super) async fn cache(
     ApiPath(name): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.cache_report(&name).await?))
+}
+
+/// Largest prefetch hint: 65,536 ranges.
+pub const PREFETCH_HINT_BYTES_MAX: usize = 65_536 * 12;
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Prefetching {
+    /// Chunks not on the node that are now being filled.
+    pub chunks_queued: u64,
+}
+
+/// A loader's hint of the byte ranges its next steps read (12 bytes each:
+/// a little-endian u64 offset and u32 length): the node fills the missing
+/// chunks of a source-backed dataset ahead of the reads.
+#[utoipa::path(post, path = "/v1/datasets/{name}/prefetch", tag = "datasets", params(("name" = String, Path)), request_body(content = Vec<u8>, description = "(u64 offset, u32 len) little-endian entries", content_type = "application/octet-stream"), responses((status = 202, body = Prefetching), (status = 400, body = ApiErrorBody), (status = 404, body = ApiErrorBody)))]
+pub(super) async fn prefetch(
+    State(control): State<Shared>,
+    ApiPath(name): ApiPath<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    if body.len() % 12 != 0 {
+        return Err(bad_request(format!("{} bytes is not a list of 12-byte ranges", body.len())));
+    }
+    let ranges = body
+        .chunks_exact(12)
+        .map(|e| sluice_dataplane::ByteRange {
+            offset_bytes: u64::from_le_bytes(e[..8].try_into().unwrap_or([0; 8])),
+            len_bytes: u32::from_le_bytes(e[8..].try_into().unwrap_or([0; 4])),
+        })
+        .collect();
+    let chunks_queued = control.prefetch(&name, ranges)?;
+    Ok((StatusCode::ACCEPTED, Json(Prefetching { chunks_queued })))
 }
 
 /// Pins a source-backed dataset: its chunks are never evicted.

@@ -75,6 +75,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/v1/datasets/{name}/warm", Access::Operator),
     ("GET", "/v1/datasets/{name}/cache", Access::DatasetReader),
     ("PUT", "/v1/datasets/{name}/pin", Access::Operator),
+    ("POST", "/v1/datasets/{name}/prefetch", Access::DatasetReader),
     ("DELETE", "/v1/datasets/{name}/pin", Access::Operator),
     ("GET", "/v1/datasets/{name}/chunks", Access::DatasetReader),
     ("GET", "/v1/datasets/{name}/index", Access::DatasetReader),
@@ -114,6 +115,10 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}/warm", post(warm))
         .route("/v1/datasets/{name}/cache", get(cache))
         .route("/v1/datasets/{name}/pin", axum::routing::put(pin).delete(unpin))
+        .route(
+            "/v1/datasets/{name}/prefetch",
+            post(prefetch).layer(DefaultBodyLimit::max(handlers::PREFETCH_HINT_BYTES_MAX)),
+        )
         .route("/v1/datasets/{name}/chunks", get(chunks))
         .route("/v1/grants", get(list_grants).post(create_grant))
         .route("/v1/grants/{id}", axum::routing::delete(revoke_grant))

@@ -252,6 +252,19 @@ impl ControlPlane {
         Ok(report)
     }
 
+    /// Fills, in the background, the chunks of `ranges` of `name` not on
+    /// the node: a loader's hint of the steps ahead. The chunks it queued;
+    /// 0 for an ingested dataset (all its bytes are here) or a hint over
+    /// the bound of what may wait.
+    pub fn prefetch(&self, name: &str, ranges: Vec<sluice_dataplane::ByteRange>) -> Result<u64, ControlError> {
+        let record = self.catalog.require(name)?;
+        if record.source.is_none() {
+            return Ok(0);
+        }
+        let cache = self.cache_for(&record)?;
+        Ok(cache.prefetch(ranges))
+    }
+
     /// Pins `name` (its chunks are never evicted) or unpins it.
     pub fn pin(&self, name: &str, pinned: bool) -> Result<CacheReport, ControlError> {
         let _guard = self.busy(name)?;

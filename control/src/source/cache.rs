@@ -50,6 +50,9 @@ pub(super) enum RunEnd {
 /// What waiters on a claim see (`None` while it runs).
 pub(super) type RunResult = Option<RunEnd>;
 
+/// Chunks prefetch hints may have waiting to fill, per dataset (1 GiB).
+pub const PREFETCH_CHUNKS_MAX: u64 = 16_384;
+
 /// Times a reader fills and finds its chunks evicted again before it
 /// could read them, before its ranges fail as unavailable.
 const FILL_ATTEMPTS_MAX: usize = 4;
@@ -108,6 +111,8 @@ pub struct ChunkCache {
     pub(super) epoch: AtomicU64,
     /// `dataset pin`: never evicted.
     pub(crate) pinned: AtomicBool,
+    /// Chunks queued by prefetch hints and not yet filled.
+    prefetching: AtomicU64,
     runtime: tokio::runtime::Handle,
     pub(super) stats: CacheStats,
     pub(crate) warming: AtomicBool,
@@ -234,6 +239,7 @@ impl ChunkCache {
             readers: [AtomicU64::new(0), AtomicU64::new(0)],
             epoch: AtomicU64::new(0),
             pinned: AtomicBool::new(pinned),
+            prefetching: AtomicU64::new(0),
             runtime,
             stats: CacheStats::default(),
             warming: AtomicBool::new(false),
@@ -333,6 +339,25 @@ impl ChunkCache {
             pinned: self.pinned.load(Ordering::Relaxed),
             last_error: s.last_error.lock().ok().and_then(|e| e.clone()),
         }
+    }
+
+    /// Fills the missing chunks of `ranges` in the background; the chunks
+    /// queued (none past [`PREFETCH_CHUNKS_MAX`] waiting).
+    pub fn prefetch(self: &Arc<Self>, ranges: Vec<ByteRange>) -> u64 {
+        let missing: BTreeSet<u64> =
+            ranges.iter().flat_map(|r| self.chunks_of(*r)).filter(|&c| !self.is_present(c)).collect();
+        let count = missing.len() as u64;
+        let queued = self.prefetching.fetch_add(count, Ordering::SeqCst);
+        if count == 0 || queued + count > PREFETCH_CHUNKS_MAX {
+            self.prefetching.fetch_sub(count, Ordering::SeqCst);
+            return 0;
+        }
+        let cache = Arc::clone(self);
+        self.runtime.spawn(async move {
+            cache.ensure(missing).await;
+            cache.prefetching.fetch_sub(count, Ordering::SeqCst);
+        });
+        count
     }
 
     /// Fills what `ranges` need; a status per range.
