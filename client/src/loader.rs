@@ -219,7 +219,7 @@ impl WindowLoader {
     fn hint_ahead(&mut self) -> Result<(), LoaderError> {
         let len = self.state.window * self.state.element_bytes;
         let mut ranges = Vec::new();
-        for step in self.steps.to_hint() {
+        for step in self.steps.take_hint() {
             let starts = self.starts_of_step(step)?;
             ranges.extend(starts.iter().map(|&s| (s * u64::from(self.state.element_bytes), len)));
         }
@@ -269,7 +269,7 @@ impl<T> Steps<T> {
     }
 
     /// The steps of the next `hint_steps` not hinted yet.
-    fn to_hint(&mut self) -> Vec<u64> {
+    fn take_hint(&mut self) -> Vec<u64> {
         let mut steps = Vec::new();
         let mut step = self.next_issue;
         for _ in 0..self.hint_steps {
@@ -551,7 +551,7 @@ impl RecordLoader {
 
     fn hint_ahead(&mut self) -> Result<(), LoaderError> {
         let mut ranges = Vec::new();
-        for step in self.steps.to_hint() {
+        for step in self.steps.take_hint() {
             let slice = rank_slice(step, self.state.global_batch, self.rank, self.world)?;
             for global in slice {
                 let record = self.sampler.index(global);

@@ -266,7 +266,7 @@ pub(super) async fn prefetch(
     ApiPath(name): ApiPath<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    if body.len() % 12 != 0 {
+    if !body.len().is_multiple_of(12) {
         return Err(bad_request(format!("{} bytes is not a list of 12-byte ranges", body.len())));
     }
     let ranges = body
