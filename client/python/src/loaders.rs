@@ -48,6 +48,8 @@ pub struct WindowLoader {
     rank: u32,
     world: u32,
     prefetch: usize,
+    /// `prefetch_steps`: steps ahead whose ranges the node is told of.
+    prefetch_steps: usize,
     last_starts: Vec<u64>,
     token_bytes: u32,
     window: u32,
@@ -88,6 +90,7 @@ impl WindowLoader {
             rank,
             world: world_size,
             prefetch,
+            prefetch_steps: 0,
             last_starts: Vec::new(),
             token_bytes,
             window,
@@ -170,6 +173,16 @@ impl WindowLoader {
         let _guard = windows.runtime.enter();
         windows.loader = RustWindows::from_state(Arc::clone(&windows.dataset), state, rank, world, prefetch)
             .map_err(errors::loader)?;
+        windows.loader.set_prefetch_steps(self.prefetch_steps);
+        Ok(())
+    }
+
+    /// Tells the node the ranges of the next `steps` steps as the loader
+    /// goes, so a source-backed dataset fills them before they are read.
+    fn set_prefetch_steps(&mut self, steps: usize) -> PyResult<()> {
+        self.prefetch_steps = steps;
+        let windows = self.inner.get_mut()?;
+        windows.loader.set_prefetch_steps(steps);
         Ok(())
     }
 }
@@ -188,6 +201,7 @@ pub struct RecordLoader {
     rank: u32,
     world: u32,
     prefetch: usize,
+    prefetch_steps: usize,
 }
 
 #[pymethods]
@@ -226,7 +240,7 @@ impl RecordLoader {
         let _guard = runtime.enter();
         let loader = RustRecords::new(Arc::clone(&native), Arc::clone(&index), &config).map_err(errors::loader)?;
         let records = Records { runtime: Arc::clone(&runtime), dataset: native, index, loader };
-        Ok(Self { inner: ProcessLocal::new(records), rank, world: world_size, prefetch })
+        Ok(Self { inner: ProcessLocal::new(records), rank, world: world_size, prefetch, prefetch_steps: 0 })
     }
 
     /// The next step: `(step, bytes, offsets, record numbers)`, sample `i`
@@ -271,6 +285,14 @@ impl RecordLoader {
         let dataset = Arc::clone(&records.dataset);
         records.loader = RustRecords::from_state(dataset, Arc::clone(&records.index), state, rank, world, prefetch)
             .map_err(errors::loader)?;
+        records.loader.set_prefetch_steps(self.prefetch_steps);
+        Ok(())
+    }
+
+    /// As `WindowLoader.set_prefetch_steps`.
+    fn set_prefetch_steps(&mut self, steps: usize) -> PyResult<()> {
+        self.prefetch_steps = steps;
+        self.inner.get_mut()?.loader.set_prefetch_steps(steps);
         Ok(())
     }
 }

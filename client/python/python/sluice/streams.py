@@ -49,6 +49,9 @@ class _Stream:
     Besides the dataset's ``endpoint`` and ``name``, the per-rank
     ``batch_size`` and the shuffle ``seed``, each takes ``rank`` and
     ``world_size``; ``prefetch`` (steps read ahead in each process);
+    ``prefetch_steps`` (steps ahead whose samples the node is told of, so
+    that a source-backed dataset fills them from its source before they
+    are read; 0, the default, tells nothing);
     ``samples_per_epoch`` (default: every sample once); and what
     ``sluice.connect`` and ``Client.open`` take: ``token`` (else
     ``SLUICE_TOKEN``), ``transport``, ``verify_chunks``, ``ca_file``,
@@ -66,6 +69,7 @@ class _Stream:
         world_size: int = 1,
         prefetch: int = 4,
         samples_per_epoch: Optional[int] = None,
+        prefetch_steps: int = 0,
         token: Optional[str] = None,
         transport: Optional[str] = None,
         verify_chunks: bool = False,
@@ -80,7 +84,7 @@ class _Stream:
         self.endpoint, self.name = endpoint, name
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.prefetch = prefetch
+        self.prefetch, self.prefetch_steps = prefetch, prefetch_steps
         self.samples_per_epoch = samples_per_epoch
         self._token, self._transport, self._verify = token, transport, verify_chunks
         self._tls = (ca_file, cert_file, key_file)
@@ -111,6 +115,7 @@ class _Stream:
             client = _native.Client(self.endpoint, self._transport, *self._tls)
             dataset = client.open(self.name, self._verify, self._token)
             self._native = self._make(dataset)
+            self._native.set_prefetch_steps(self.prefetch_steps)
             self._pid = os.getpid()
             if self._resume is not None:
                 self._native.load_state_json(json.dumps(self._resume["sampler"]))
