@@ -148,7 +148,9 @@ class WindowLoader:
     ``state_dict()`` / ``load_state_dict()`` save and restore the position
     exactly, also at another world size (the saved global batch is kept).
     An epoch is ``samples_per_epoch`` windows, or ``n / stride_ratio`` for n
-    tokens, or by default ``n / window``.
+    tokens, or by default ``n / window``. With ``prefetch_steps`` the node
+    is told the windows of that many steps ahead, and a source-backed
+    dataset fills them from its source before they are read.
     """
 
     def __init__(
@@ -162,11 +164,13 @@ class WindowLoader:
         prefetch: int = 4,
         samples_per_epoch: Optional[int] = None,
         stride_ratio: Optional[float] = None,
+        prefetch_steps: int = 0,
     ):
         self.dataset = dataset
         self._native = _native.WindowLoader(
             dataset._native, window, batch_size, seed, rank, world_size, prefetch, samples_per_epoch, stride_ratio
         )
+        self._native.set_prefetch_steps(prefetch_steps)
         self._dtype = _DTYPES[self._native.token_bytes]
         self.step: Optional[int] = None
 

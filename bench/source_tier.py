@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The cache tier against one local S3-compatible server (moto), in one run:
+random 1024-token windows read cold (read-through), warm (after
+``dataset warm``), from an ingested copy of the same files, and by ranged
+GETs straight from the client; a cold epoch's first steps through the
+window loader with and without ``prefetch_steps``; and, where they are
+installed, Mosaic Streaming and LitData streaming the same tokens from the
+same server into their local caches (time to the first batch).
+
+    python3 bench/source_tier.py [--objects N] [--object-mib M] [--steps N]
+
+Needs release binaries (``cargo build --release --bins``) and, in one
+environment, the ``sluice`` wheel, numpy, boto3 and ``moto[server]``;
+``mosaicml-streaming`` and ``litdata`` for their rows. Prints Markdown.
+The figures are ratios within this run; moto is a Python server, slower
+than a real store, which favours whatever fetches least.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BIN = ROOT / "target" / "release"
+WINDOW = 1024
+BATCH = 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(port: int) -> subprocess.Popen:
+    moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return moto
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("moto did not start")
+
+
+def start_node(work: pathlib.Path, env: dict) -> tuple[subprocess.Popen, str]:
+    node = subprocess.Popen([str(BIN / "sluiced"), "--data-dir", str(work / "node"), "--insecure",
+                             "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    for line in node.stdout:
+        if line.startswith("sluiced: control API on "):
+            endpoint = line.split(" on ", 1)[1].strip()
+        if line.startswith("sluiced: data plane"):
+            return node, endpoint
+    raise SystemExit("sluiced did not start")
+
+
+def ctl(endpoint: str, *args: str) -> str:
+    out = subprocess.run([str(BIN / "sluicectl"), "--endpoint", endpoint, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"sluicectl {args}: {out.stderr}")
+    return out.stdout
+
+
+def windows_per_s(read_batch, tokens: int, batches: int, seed: int) -> float:
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    for _ in range(batches):
+        read_batch([(rng.randrange(tokens - WINDOW) * 2, WINDOW * 2) for _ in range(BATCH)])
+    return batches * BATCH / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--objects", type=int, default=8)
+    parser.add_argument("--object-mib", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+
+    import boto3
+    import sluice
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="sluice-source-bench-"))
+    port = free_port()
+    moto = start_moto(port)
+    env = dict(os.environ, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ALLOW_HTTP="true",
+               AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1",
+               S3_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    os.environ.update({k: env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_REGION", "S3_ENDPOINT_URL")})
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    s3.create_bucket(Bucket="bench")
+    rng = np.random.default_rng(1)
+    files = []
+    for i in range(args.objects):
+        data = rng.integers(0, 50_000, args.object_mib << 19, dtype="<u2").tobytes()
+        s3.put_object(Bucket="bench", Key=f"tokens/{i:03}.bin", Body=data)
+        path = work / f"{i:03}.bin"
+        path.write_bytes(data)
+        files.append(path)
+    tokens = args.objects * (args.object_mib << 19)
+    node, endpoint = start_node(work, env)
+    rows = []
+    try:
+        for name in ("cold", "warm", "loader-plain", "loader-ahead"):
+            ctl(endpoint, "dataset", "create", name, "--kind", "tokens:u16", "--source", "s3://bench/tokens/")
+        ctl(endpoint, "dataset", "create", "ingested", "--kind", "tokens:u16")
+        ctl(endpoint, "dataset", "ingest", "ingested", *map(str, files))
+        ctl(endpoint, "dataset", "seal", "ingested")
+        client = sluice.connect(endpoint)
+        read = {name: client.open(name).read_batch for name in ("cold", "warm", "ingested")}
+        started = time.perf_counter()
+        ctl(endpoint, "dataset", "warm", "warm", "--parallel", "8")
+        warm_seconds = time.perf_counter() - started
+
+        def ranged_get(ranges):
+            def one(r):
+                offset, length = r
+                obj, within = divmod(offset, args.object_mib << 20)
+                if within + length > args.object_mib << 20:
+                    within = (args.object_mib << 20) - length
+                s3.get_object(Bucket="bench", Key=f"tokens/{obj:03}.bin",
+                              Range=f"bytes={within}-{within + length - 1}")["Body"].read()
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(one, ranges))
+
+        cold = windows_per_s(read["cold"], tokens, args.batches, 7)
+        warm = windows_per_s(read["warm"], tokens, args.batches, 8)
+        ingested = windows_per_s(read["ingested"], tokens, args.batches, 8)
+        direct = windows_per_s(ranged_get, tokens, max(args.batches // 10, 5), 9)
+        rows += [("sluice, cold (read-through)", cold), ("sluice, warm", warm), ("sluice, ingested", ingested),
+                 ("ranged GETs from the client (8 threads)", direct)]
+
+        step_times = {}
+        for name, ahead in (("loader-plain", 0), ("loader-ahead", 32)):
+            loader = sluice.WindowLoader(client.open(name), window=WINDOW, batch_size=BATCH, seed=3,
+                                         samples_per_epoch=BATCH * (args.steps + 10), prefetch_steps=ahead)
+            times = []
+            it = iter(loader)
+            for _ in range(args.steps):
+                begun = time.perf_counter()
+                next(it)
+                times.append(time.perf_counter() - begun)
+            step_times[name] = times
+        warm_step = BATCH / warm
+
+        peers = []
+        peers.append(("Mosaic Streaming", peer_mosaic(work, files, s3)))
+        peers.append(("LitData", peer_litdata(work, files)))
+    finally:
+        node.terminate()
+        node.wait()
+        moto.terminate()
+
+    print(f"{args.objects} objects of {args.object_mib} MiB on moto; {BATCH} random {WINDOW}-token windows a batch\n")
+    print("| reader | windows/s | vs warm |")
+    print("| --- | ---: | ---: |")
+    for name, rate in rows:
+        print(f"| {name} | {rate:,.0f} | {rate / warm:.2f} |")
+    print(f"\nwarm ingested/warm source-backed: {ingested / warm:.3f}; `dataset warm` took {warm_seconds:.1f} s\n")
+    print("| cold epoch, first steps | first step (s) | median step after 5 (ms) | vs a warm step |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, times in step_times.items():
+        median = sorted(times[5:])[len(times[5:]) // 2]
+        print(f"| {name} | {times[0]:.3f} | {median * 1e3:.2f} | {median / warm_step:.2f} |")
+    first_sluice = step_times["loader-ahead"][0]
+    print("\n| time to first batch from cold | seconds |")
+    print("| --- | ---: |")
+    print(f"| sluice (prefetch_steps = 32) | {first_sluice:.3f} |")
+    for name, seconds in peers:
+        print(f"| {name} | {seconds} |")
+
+
+def peer_mosaic(work: pathlib.Path, files, s3) -> str:
+    try:
+        from streaming import MDSWriter, StreamingDataset
+    except ImportError as err:
+        return f"not installed ({err})"
+    try:
+        out = work / "mds"
+        with MDSWriter(out=str(out), columns={"x": "bytes"}, size_limit=1 << 26) as writer:
+            for path in files:
+                data = path.read_bytes()
+                for at in range(0, len(data) - WINDOW * 2, WINDOW * 2):
+                    writer.write({"x": data[at:at + WINDOW * 2]})
+        for item in out.iterdir():
+            s3.upload_file(str(item), "bench", f"mds/{item.name}")
+        started = time.perf_counter()
+        ds = StreamingDataset(remote="s3://bench/mds", local=str(work / "mds-cache"), shuffle=True, batch_size=BATCH)
+        it = iter(ds)
+        for _ in range(BATCH):
+            next(it)
+        return f"{time.perf_counter() - started:.3f}"
+    except Exception as err:  # a peer that cannot run here is reported, not fatal
+        return f"failed: {type(err).__name__}: {err}"[:200]
+
+
+def peer_litdata(work: pathlib.Path, files) -> str:
+    try:
+        import litdata
+    except ImportError as err:
+        return f"not installed ({err})"
+    try:
+        windows = [(str(p), at) for p in files for at in range(0, p.stat().st_size - WINDOW * 2, WINDOW * 2 * 16)]
+        litdata.optimize(fn=_lit_window, inputs=windows, output_dir="s3://bench/lit", chunk_bytes="64MB",
+                         num_workers=1)
+        started = time.perf_counter()
+        ds = litdata.StreamingDataset("s3://bench/lit", shuffle=True, seed=1,
+                                      cache_dir=str(work / "lit-cache"))
+        it = iter(ds)
+        for _ in range(BATCH):
+            next(it)
+        return f"{time.perf_counter() - started:.3f}"
+    except Exception as err:  # a peer that cannot run here is reported, not fatal
+        return f"failed: {type(err).__name__}: {err}"[:200]
+
+
+def _lit_window(item):
+    path, at = item
+    with open(path, "rb") as f:
+        f.seek(at)
+        return f.read(WINDOW * 2)
+
+
+if __name__ == "__main__":
+    main()
