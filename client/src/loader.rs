@@ -229,10 +229,11 @@ impl WindowLoader {
 
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<TokenBatch, LoaderError> {
-        self.hint_ahead()?;
         while let Some(step) = self.steps.to_issue() {
             self.issue(step)?;
         }
+        // After the reads it waits on, so they fetch first.
+        self.hint_ahead()?;
         let batch = self.steps.next().await?;
         advance(&mut self.state, batch.step);
         Ok(batch)
@@ -565,10 +566,11 @@ impl RecordLoader {
     }
 
     pub async fn next_batch(&mut self) -> Result<RecordBatch, LoaderError> {
-        self.hint_ahead()?;
         while let Some(step) = self.steps.to_issue() {
             self.issue(step)?;
         }
+        // After the reads it waits on, so they fetch first.
+        self.hint_ahead()?;
         let batch = self.steps.next().await?;
         advance(&mut self.state, batch.step);
         Ok(batch)

@@ -276,8 +276,9 @@ impl ControlPlane {
         if let Some(attached) = attached {
             self.plane.detach(attached.slot).await;
         }
-        self.remove_namespace(&record);
+        // No fill or eviction writes the namespace once it is given back.
         self.forget_cache(&record);
+        self.remove_namespace(&record);
         self.catalog.remove(&record)?;
         if let Ok(mut serving) = self.serving.lock() {
             serving.remove(name);

@@ -60,6 +60,9 @@ impl ControlPlane {
     pub(super) fn remove_namespace(&self, record: &DatasetRecord) {
         let _ = std::fs::remove_file(self.index_path(record));
         self.checksums.remove(record.id);
+        let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
+        let _ = std::fs::remove_file(present);
+        let _ = std::fs::remove_file(crcs);
         if let Ok(mut namespaces) = self.namespaces.lock() {
             namespaces.remove(&record.id);
         }

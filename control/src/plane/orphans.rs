@@ -32,8 +32,11 @@ impl ControlPlane {
             known.insert(PathBuf::from(&record.namespace.path));
             known.insert(self.index_path(record));
             known.insert(self.checksums.path(record.id));
+            let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
+            known.extend([present, crcs]);
         }
-        for dir in [&self.namespace_dir, &self.index_dir, &self.checksums.dir().to_path_buf()] {
+        let cache_dir = self.data_dir.join("cache");
+        for dir in [&self.namespace_dir, &self.index_dir, &self.checksums.dir().to_path_buf(), &cache_dir] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if !known.contains(&path) {

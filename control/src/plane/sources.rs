@@ -11,7 +11,7 @@ use sluice_proto::npy;
 use sluice_proto::tar::TarIndexer;
 
 use super::*;
-use crate::source::cache::{cache_paths, CacheReader, ChunkCache};
+use crate::source::cache::{CacheReader, ChunkCache};
 use crate::source::{FetchError, SourceError, SourceOptions, Sources};
 
 /// Bytes read per step when a `wds` shard is indexed at create, and when a
@@ -182,14 +182,13 @@ impl ControlPlane {
         Some(Arc::new(CacheReader(cache)))
     }
 
-    /// Drops a dataset's cache and its files (at delete).
+    /// Drops a dataset's cache (at delete; its files go with the
+    /// namespace).
     pub(super) fn forget_cache(&self, record: &DatasetRecord) {
         if let Some(cache) = self.caches.lock().ok().and_then(|mut c| c.remove(&record.name)) {
+            cache.close();
             self.sources().budget().forget(&cache);
         }
-        let (present, crcs) = cache_paths(&self.data_dir, record.id);
-        let _ = std::fs::remove_file(present);
-        let _ = std::fs::remove_file(crcs);
     }
 
     /// How much of `name` is on the node.

@@ -113,6 +113,8 @@ pub struct ChunkCache {
     pub(crate) pinned: AtomicBool,
     /// Chunks queued by prefetch hints and not yet filled.
     prefetching: AtomicU64,
+    /// Cleared at delete, before the namespace is given back.
+    open: std::sync::RwLock<bool>,
     runtime: tokio::runtime::Handle,
     pub(super) stats: CacheStats,
     pub(crate) warming: AtomicBool,
@@ -240,6 +242,7 @@ impl ChunkCache {
             epoch: AtomicU64::new(0),
             pinned: AtomicBool::new(pinned),
             prefetching: AtomicU64::new(0),
+            open: std::sync::RwLock::new(true),
             runtime,
             stats: CacheStats::default(),
             warming: AtomicBool::new(false),
@@ -552,6 +555,7 @@ impl ChunkCache {
     /// Makes `data` (chunks from `first` on) durable and present: bytes,
     /// then block checksums, then bits.
     fn commit(&self, first: u64, data: &[u8]) -> std::io::Result<()> {
+        let _open = self.writable()?;
         let start = first * CHUNK_SIZE_BYTES;
         self.namespace.write_at(self.base_offset_bytes + start, data)?;
         self.namespace.sync()?;
@@ -581,6 +585,24 @@ impl ChunkCache {
             .collect();
         files.present.write_all_at(&bytes, byte_first)?;
         files.present.sync_data()
+    }
+
+    /// Held while the namespace is written (a fill, an eviction's
+    /// discard): a deleted dataset's namespace may already hold another's.
+    pub(super) fn writable(&self) -> std::io::Result<std::sync::RwLockReadGuard<'_, bool>> {
+        let open = self.open.read().map_err(|_| std::io::Error::other("cache state poisoned"))?;
+        if !*open {
+            return Err(std::io::Error::other("the dataset was deleted"));
+        }
+        Ok(open)
+    }
+
+    /// No write reaches the namespace from now on (the dataset is being
+    /// deleted); waits for any under way.
+    pub fn close(&self) {
+        if let Ok(mut open) = self.open.write() {
+            *open = false;
+        }
     }
 
     /// The cache files, for an eviction's bitmap update.

@@ -210,6 +210,7 @@ impl ChunkCache {
     /// Not `drained` (a read still holds them): the bits come back and
     /// nothing is freed.
     fn discard(&self, chunks: &[u64], drained: bool) -> std::io::Result<u64> {
+        let _open = self.writable()?;
         if !drained {
             for &chunk in chunks {
                 self.present_words()[(chunk / 64) as usize].fetch_or(1u64 << (chunk % 64), Ordering::SeqCst);
