@@ -11,7 +11,8 @@ use sluice_proto::npy;
 use sluice_proto::tar::TarIndexer;
 
 use super::*;
-use crate::source::cache::{CacheReader, ChunkCache};
+use crate::source::cache::ChunkCache;
+use crate::source::read::CacheReader;
 use crate::source::{FetchError, SourceError, SourceOptions, Sources};
 
 /// Bytes read per step when a `wds` shard is indexed at create, and when a

@@ -24,10 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::blocks::{self, BLOCKS_PER_CHUNK};
-use sluice_dataplane::{BlockCrcs, ByteRange, Hold, Namespace};
+use sluice_dataplane::{BlockCrcs, ByteRange, Namespace};
 use sluice_proto::api::{CacheReport, SourceObject};
 use sluice_proto::{RangeStatus, CHUNK_SIZE_BYTES};
-use sluice_serve::read_through::{FillOutcome, ReadThrough};
 use tokio::sync::watch;
 
 use super::{FetchError, Sources};
@@ -55,7 +54,7 @@ pub const PREFETCH_CHUNKS_MAX: u64 = 16_384;
 
 /// Times a reader fills and finds its chunks evicted again before it
 /// could read them, before its ranges fail as unavailable.
-const FILL_ATTEMPTS_MAX: usize = 4;
+pub(super) const FILL_ATTEMPTS_MAX: usize = 4;
 
 /// The cache files of one dataset.
 pub(super) struct CacheFiles {
@@ -72,8 +71,8 @@ pub fn cache_paths(data_dir: &Path, dataset_id: u64) -> (PathBuf, PathBuf) {
 /// Counters of one dataset's cache since the node started.
 #[derive(Default)]
 pub(super) struct CacheStats {
-    reads_present: AtomicU64,
-    reads_filled: AtomicU64,
+    pub(super) reads_present: AtomicU64,
+    pub(super) reads_filled: AtomicU64,
     chunks_filled: AtomicU64,
     bytes_filled: AtomicU64,
     source_errors: AtomicU64,
@@ -112,10 +111,10 @@ pub struct ChunkCache {
     /// `dataset pin`: never evicted.
     pub(crate) pinned: AtomicBool,
     /// Chunks queued by prefetch hints and not yet filled.
-    prefetching: AtomicU64,
+    pub(super) prefetching: AtomicU64,
     /// Cleared at delete, before the namespace is given back.
     open: std::sync::RwLock<bool>,
-    runtime: tokio::runtime::Handle,
+    pub(super) runtime: tokio::runtime::Handle,
     pub(super) stats: CacheStats,
     pub(crate) warming: AtomicBool,
     budget: Arc<super::evict::CacheBudget>,
@@ -124,47 +123,6 @@ pub struct ChunkCache {
 impl std::fmt::Debug for ChunkCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChunkCache").field("name", &self.name).field("length_bytes", &self.length_bytes).finish()
-    }
-}
-
-/// The serving side's handle on a cache.
-#[derive(Debug, Clone)]
-pub struct CacheReader(pub Arc<ChunkCache>);
-
-impl ReadThrough for CacheReader {
-    fn admit(&self, ranges: &[ByteRange]) -> Option<Hold> {
-        let lease = self.0.present_lease(ranges)?;
-        self.0.stats.reads_present.fetch_add(1, Ordering::Relaxed);
-        Some(Box::new(lease))
-    }
-
-    fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome {
-        let cache = Arc::clone(&self.0);
-        let count = ranges.len();
-        cache.stats.reads_filled.fetch_add(1, Ordering::Relaxed);
-        let task = self.0.runtime.spawn(async move {
-            let mut statuses = Vec::new();
-            for _ in 0..FILL_ATTEMPTS_MAX {
-                statuses = cache.fill_ranges(&ranges).await;
-                // The ranges that filled, leased before the bits are read
-                // again: evicted in between means filling them again.
-                let filled: Vec<ByteRange> =
-                    ranges.iter().zip(&statuses).filter(|(_, s)| **s == RangeStatus::Ok).map(|(r, _)| *r).collect();
-                if let Some(lease) = cache.present_lease(&filled) {
-                    return (statuses, Some(Box::new(lease) as Hold));
-                }
-            }
-            for (range, status) in ranges.iter().zip(&mut statuses) {
-                if *status == RangeStatus::Ok && cache.chunks_of(*range).any(|c| !cache.is_present(c)) {
-                    *status = RangeStatus::SourceUnavailable;
-                }
-            }
-            cache.note_error(&cache.unavailable(
-                "chunks were evicted as fast as they filled: the cache budget is smaller than the reads in flight",
-            ));
-            (statuses, None)
-        });
-        Box::pin(async move { task.await.unwrap_or_else(|_| (vec![RangeStatus::SourceUnavailable; count], None)) })
     }
 }
 
@@ -290,24 +248,6 @@ impl ChunkCache {
         self.length_bytes
     }
 
-    /// A lease on the chunks `ranges` cover if all are present, each
-    /// marked as read for the eviction clock.
-    fn present_lease(self: &Arc<Self>, ranges: &[ByteRange]) -> Option<super::evict::ReadLease> {
-        let lease = super::evict::ReadLease::take(self);
-        for range in ranges {
-            for chunk in self.chunks_of(*range) {
-                if !self.is_present(chunk) {
-                    return None;
-                }
-                let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
-                if self.referenced[word].load(Ordering::Relaxed) & bit == 0 {
-                    self.referenced[word].fetch_or(bit, Ordering::Relaxed);
-                }
-            }
-        }
-        Some(lease)
-    }
-
     /// The chunks a range covers; none for an empty range or one past the
     /// end (the data plane answers those).
     pub(super) fn chunks_of(&self, range: ByteRange) -> std::ops::Range<u64> {
@@ -342,25 +282,6 @@ impl ChunkCache {
             pinned: self.pinned.load(Ordering::Relaxed),
             last_error: s.last_error.lock().ok().and_then(|e| e.clone()),
         }
-    }
-
-    /// Fills the missing chunks of `ranges` in the background; the chunks
-    /// queued (none past [`PREFETCH_CHUNKS_MAX`] waiting).
-    pub fn prefetch(self: &Arc<Self>, ranges: Vec<ByteRange>) -> u64 {
-        let missing: BTreeSet<u64> =
-            ranges.iter().flat_map(|r| self.chunks_of(*r)).filter(|&c| !self.is_present(c)).collect();
-        let count = missing.len() as u64;
-        let queued = self.prefetching.fetch_add(count, Ordering::SeqCst);
-        if count == 0 || queued + count > PREFETCH_CHUNKS_MAX {
-            self.prefetching.fetch_sub(count, Ordering::SeqCst);
-            return 0;
-        }
-        let cache = Arc::clone(self);
-        self.runtime.spawn(async move {
-            cache.ensure(missing).await;
-            cache.prefetching.fetch_sub(count, Ordering::SeqCst);
-        });
-        count
     }
 
     /// Fills what `ranges` need; a status per range.

@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod evict;
+pub mod read;
 
 use std::collections::HashMap;
 use std::ops::Range;
