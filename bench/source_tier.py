@@ -84,6 +84,14 @@ def windows_per_s(read_batch, tokens: int, batches: int, seed: int) -> float:
     return batches * BATCH / (time.perf_counter() - started)
 
 
+def records_per_s(read_batch, records: int, batches: int, seed: int) -> float:
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    for _ in range(batches):
+        read_batch([(rng.randrange(records) * 4096, 4096) for _ in range(BATCH)])
+    return batches * BATCH / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=8)
@@ -119,14 +127,22 @@ def main() -> None:
     try:
         for name in ("cold", "warm", "loader-plain", "loader-ahead"):
             ctl(endpoint, "dataset", "create", name, "--kind", "tokens:u16", "--source", "s3://bench/tokens/")
+        for name in ("rec-cold", "rec-warm"):
+            ctl(endpoint, "dataset", "create", name, "--kind", "records", "--record-size", "4096",
+                "--source", "s3://bench/tokens/")
+        ctl(endpoint, "dataset", "create", "rec-ingested", "--kind", "records", "--record-size", "4096")
+        ctl(endpoint, "dataset", "ingest", "rec-ingested", *map(str, files))
+        ctl(endpoint, "dataset", "seal", "rec-ingested")
         ctl(endpoint, "dataset", "create", "ingested", "--kind", "tokens:u16")
         ctl(endpoint, "dataset", "ingest", "ingested", *map(str, files))
         ctl(endpoint, "dataset", "seal", "ingested")
         client = sluice.connect(endpoint)
-        read = {name: client.open(name).read_batch for name in ("cold", "warm", "ingested")}
+        read = {name: client.open(name).read_batch
+                for name in ("cold", "warm", "ingested", "rec-cold", "rec-warm", "rec-ingested")}
         started = time.perf_counter()
         ctl(endpoint, "dataset", "warm", "warm", "--parallel", "8")
         warm_seconds = time.perf_counter() - started
+        ctl(endpoint, "dataset", "warm", "rec-warm", "--parallel", "8")
 
         def ranged_get(ranges):
             def one(r):
@@ -145,6 +161,10 @@ def main() -> None:
         direct = windows_per_s(ranged_get, tokens, max(args.batches // 10, 5), 9)
         rows += [("sluice, cold (read-through)", cold), ("sluice, warm", warm), ("sluice, ingested", ingested),
                  ("ranged GETs from the client (8 threads)", direct)]
+        records = tokens * 2 // 4096
+        rec = {name: records_per_s(read[name], records, args.batches, 11)
+               for name in ("rec-cold", "rec-warm", "rec-ingested")}
+        rec["direct"] = records_per_s(ranged_get, records, max(args.batches // 10, 5), 12)
 
         step_times = {}
         for name, ahead in (("loader-plain", 0), ("loader-ahead", 32)):
@@ -173,6 +193,12 @@ def main() -> None:
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / warm:.2f} |")
     print(f"\nwarm ingested/warm source-backed: {ingested / warm:.3f}; `dataset warm` took {warm_seconds:.1f} s\n")
+    print(f"| 4 KiB records, {BATCH} a batch | records/s | vs warm |")
+    print("| --- | ---: | ---: |")
+    for name, label in (("rec-cold", "sluice, cold (read-through)"), ("rec-warm", "sluice, warm"),
+                        ("rec-ingested", "sluice, ingested"), ("direct", "ranged GETs from the client (8 threads)")):
+        print(f"| {label} | {rec[name]:,.0f} | {rec[name] / rec['rec-warm']:.2f} |")
+    print()
     print("| cold epoch, first steps | first step (s) | median step after 5 (ms) | vs a warm step |")
     print("| --- | ---: | ---: | ---: |")
     for name, times in step_times.items():
