@@ -124,12 +124,8 @@ impl CacheBudget {
 
     /// Evicts at least `needed` bytes if it can; the bytes freed.
     async fn evict(&self, needed: u64) -> u64 {
+        // One eviction at a time; the caller checks the room again after.
         let mut hand = self.hand.lock().await;
-        // Someone else may have freed room while this waited.
-        let over = (self.used_bytes() + needed).saturating_sub(self.max_bytes);
-        if over < needed {
-            return needed - over;
-        }
         let caches: Vec<Arc<ChunkCache>> =
             self.caches.lock().map(|c| c.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default();
         let total: u64 = caches.iter().map(|c| c.chunks_total()).sum();
