@@ -309,6 +309,13 @@ impl ChunkCache {
     /// consecutive chunks, and waits for those someone is. The outcome of
     /// each chunk that was missing.
     pub async fn ensure(self: &Arc<Self>, chunks: BTreeSet<u64>) -> HashMap<u64, RunOutcome> {
+        self.ensure_as(chunks, false).await
+    }
+
+    /// As [`ChunkCache::ensure`]; `background` fills (prefetch hints)
+    /// take at most a quarter of the node's fetch slots, so a read
+    /// that waits on its fill is not queued behind them.
+    pub async fn ensure_as(self: &Arc<Self>, chunks: BTreeSet<u64>, background: bool) -> HashMap<u64, RunOutcome> {
         let mut waits: Vec<(u64, watch::Receiver<RunResult>)> = Vec::new();
         let mut claimed: Vec<Vec<u64>> = Vec::new();
         {
@@ -341,7 +348,7 @@ impl ChunkCache {
                 let first = run[0];
                 let count = run.len() as u64;
                 self.runtime.spawn(async move {
-                    let outcomes = cache.fill_run(first, count).await;
+                    let outcomes = cache.fill_run(first, count, background).await;
                     if let Ok(mut in_flight) = cache.in_flight.lock() {
                         for chunk in first..first + count {
                             in_flight.remove(&chunk);
@@ -374,7 +381,7 @@ impl ChunkCache {
     /// Fetches chunks `first..first + count` from the objects that hold
     /// them and commits those that arrived whole; an outcome per chunk (a
     /// chunk fails if any object it spans failed).
-    async fn fill_run(self: &Arc<Self>, first: u64, count: u64) -> Vec<RunOutcome> {
+    async fn fill_run(self: &Arc<Self>, first: u64, count: u64, background: bool) -> Vec<RunOutcome> {
         let start = first * CHUNK_SIZE_BYTES;
         let end = ((first + count) * CHUNK_SIZE_BYTES).min(self.length_bytes);
         let started = std::time::Instant::now();
@@ -384,6 +391,10 @@ impl ChunkCache {
             self.note_error(&err);
             return vec![Err(err); count as usize];
         }
+        let background_permit = match background {
+            true => self.sources.background_fetches.acquire().await.ok(),
+            false => None,
+        };
         let Ok(permit) = self.sources.fetches.acquire().await else {
             self.budget.release(end - start);
             return vec![Err(self.unavailable("shutting down")); count as usize];
@@ -413,6 +424,7 @@ impl ChunkCache {
             index += 1;
         }
         drop(permit);
+        drop(background_permit);
         let whole: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
         let cache = Arc::clone(self);
         let committed = tokio::task::spawn_blocking(move || {

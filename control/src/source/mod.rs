@@ -94,6 +94,9 @@ pub struct Sources {
     stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Bounds the ranged GETs in flight, node-wide.
     pub(crate) fetches: Arc<tokio::sync::Semaphore>,
+    /// Of those, what background fills (prefetch hints) may hold: a
+    /// quarter.
+    pub(crate) background_fetches: Arc<tokio::sync::Semaphore>,
     /// What source-backed chunks may take on the node.
     pub(crate) budget: Arc<evict::CacheBudget>,
 }
@@ -107,8 +110,9 @@ impl std::fmt::Debug for Sources {
 impl Sources {
     pub fn new(options: SourceOptions) -> Self {
         let fetches = Arc::new(tokio::sync::Semaphore::new(options.fetches_in_flight_max.max(1)));
+        let background_fetches = Arc::new(tokio::sync::Semaphore::new((options.fetches_in_flight_max / 4).max(1)));
         let budget = Arc::new(evict::CacheBudget::new(options.cache_bytes_max));
-        Self { options, stores: Mutex::new(HashMap::new()), fetches, budget }
+        Self { options, stores: Mutex::new(HashMap::new()), fetches, background_fetches, budget }
     }
 
     pub fn options(&self) -> &SourceOptions {

@@ -68,7 +68,7 @@ impl ChunkCache {
         }
         let cache = Arc::clone(self);
         self.runtime.spawn(async move {
-            cache.ensure(missing).await;
+            cache.ensure_as(missing, true).await;
             cache.prefetching.fetch_sub(count, Ordering::SeqCst);
         });
         count
