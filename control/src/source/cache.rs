@@ -244,10 +244,6 @@ impl ChunkCache {
         &self.name
     }
 
-    pub fn length_bytes(&self) -> u64 {
-        self.length_bytes
-    }
-
     /// The chunks a range covers; none for an empty range or one past the
     /// end (the data plane answers those).
     pub(super) fn chunks_of(&self, range: ByteRange) -> std::ops::Range<u64> {
@@ -573,10 +569,5 @@ impl ChunkCache {
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// The pinned objects the dataset is made of.
-    pub fn objects(&self) -> &[SourceObject] {
-        &self.objects
     }
 }

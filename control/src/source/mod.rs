@@ -115,10 +115,6 @@ impl Sources {
         Self { options, stores: Mutex::new(HashMap::new()), fetches, background_fetches, budget }
     }
 
-    pub fn options(&self) -> &SourceOptions {
-        &self.options
-    }
-
     pub fn budget(&self) -> &Arc<evict::CacheBudget> {
         &self.budget
     }

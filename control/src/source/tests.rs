@@ -99,21 +99,45 @@ fn cache_over(
     cache
 }
 
+/// Objects of `sizes` pinned, and what a cache over them needs.
+struct Fixture {
+    dir: tempfile::TempDir,
+    data: Vec<Vec<u8>>,
+    data_dir: tempfile::TempDir,
+    sources: Arc<Sources>,
+    rt: tokio::runtime::Runtime,
+    ns: Arc<dyn sluice_dataplane::Namespace>,
+    objects: Vec<SourceObject>,
+}
+
+impl Fixture {
+    fn new(sizes: &[usize]) -> Self {
+        let (dir, data) = objects_dir(sizes);
+        let data_dir = tempfile::tempdir().expect("data dir");
+        let sources = Arc::new(Sources::new(quick()));
+        let rt = runtime();
+        let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+        let objects = rt.block_on(sources.pin(&[prefix_url(&dir)])).expect("pin");
+        Self { dir, data, data_dir, sources, rt, ns, objects }
+    }
+
+    /// A cache over the objects, opened from whatever files are there.
+    fn cache(&self) -> Arc<ChunkCache> {
+        let (sources, handle, ns) = (Arc::clone(&self.sources), self.rt.handle().clone(), Arc::clone(&self.ns));
+        cache_over(self.data_dir.path(), self.objects.clone(), sources, handle, ns)
+    }
+}
+
 /// Random unaligned ranges fill exactly the chunks they cover, the bytes
 /// land where the dataset's are, block checksums are those of the bytes,
 /// and a cache opened again from its files knows what is present.
 #[test]
 fn fills_write_the_covered_chunks_and_survive_a_reopen() {
     let sizes = [3 * CHUNK_SIZE_BYTES as usize + 17, 100, 2 * CHUNK_SIZE_BYTES as usize];
-    let (dir, data) = objects_dir(&sizes);
+    let f = Fixture::new(&sizes);
+    let Fixture { data, rt, ns, .. } = &f;
     let whole: Vec<u8> = data.concat();
-    let data_dir = tempfile::tempdir().expect("data dir");
-    let sources = Arc::new(Sources::new(quick()));
-    let rt = runtime();
-    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
-    let objects = rt.block_on(sources.pin(&[prefix_url(&dir)])).expect("pin");
-    let cache =
-        cache_over(data_dir.path(), objects.clone(), Arc::clone(&sources), rt.handle().clone(), Arc::clone(&ns));
+    let cache = f.cache();
     assert_eq!(cache.chunks_total(), whole.len().div_ceil(CHUNK_SIZE_BYTES as usize) as u64);
     // Spans the first object's end, the short second object and into the third.
     let ranges = vec![
@@ -137,7 +161,7 @@ fn fills_write_the_covered_chunks_and_survive_a_reopen() {
         }
     }
     drop(cache);
-    let again = cache_over(data_dir.path(), objects, sources, rt.handle().clone(), ns);
+    let again = f.cache();
     let present: Vec<bool> = (0..again.chunks_total()).map(|c| again.is_present(c)).collect();
     assert_eq!(present, [true, false, true, true, false, false]);
     rt.block_on(again.warm(3)).expect("warm");
@@ -148,20 +172,15 @@ fn fills_write_the_covered_chunks_and_survive_a_reopen() {
 /// Cache files of another length are not trusted: everything is missing.
 #[test]
 fn cache_files_that_do_not_fit_the_dataset_start_over() {
-    let (dir, _) = objects_dir(&[2 * CHUNK_SIZE_BYTES as usize]);
-    let data_dir = tempfile::tempdir().expect("data dir");
-    let sources = Arc::new(Sources::new(quick()));
-    let rt = runtime();
-    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
-    let objects = rt.block_on(sources.pin(&[prefix_url(&dir)])).expect("pin");
-    let cache =
-        cache_over(data_dir.path(), objects.clone(), Arc::clone(&sources), rt.handle().clone(), Arc::clone(&ns));
+    let f = Fixture::new(&[2 * CHUNK_SIZE_BYTES as usize]);
+    let Fixture { rt, .. } = &f;
+    let cache = f.cache();
     rt.block_on(cache.warm(1)).expect("warm");
     drop(cache);
-    let (_, crc_path) = cache::cache_paths(data_dir.path(), 7);
+    let (_, crc_path) = cache::cache_paths(f.data_dir.path(), 7);
     let file = std::fs::OpenOptions::new().write(true).open(&crc_path).expect("crc file");
     file.set_len(12).expect("cut");
-    let again = cache_over(data_dir.path(), objects, sources, rt.handle().clone(), ns);
+    let again = f.cache();
     assert_eq!(again.chunks_present(), 0);
 }
 
@@ -169,13 +188,9 @@ fn cache_files_that_do_not_fit_the_dataset_start_over() {
 /// once, and every reader gets it.
 #[test]
 fn concurrent_readers_of_one_missing_chunk_cause_one_fetch() {
-    let (dir, _) = objects_dir(&[4 * CHUNK_SIZE_BYTES as usize]);
-    let data_dir = tempfile::tempdir().expect("data dir");
-    let sources = Arc::new(Sources::new(quick()));
-    let rt = runtime();
-    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
-    let objects = rt.block_on(sources.pin(&[prefix_url(&dir)])).expect("pin");
-    let cache = cache_over(data_dir.path(), objects, sources, rt.handle().clone(), ns);
+    let f = Fixture::new(&[4 * CHUNK_SIZE_BYTES as usize]);
+    let Fixture { rt, .. } = &f;
+    let cache = f.cache();
     let readers: Vec<_> = (0..16)
         .map(|i| {
             let cache = Arc::clone(&cache);
@@ -195,13 +210,9 @@ fn concurrent_readers_of_one_missing_chunk_cause_one_fetch() {
 /// still fill.
 #[test]
 fn a_changed_object_fails_its_chunks_only() {
-    let (dir, data) = objects_dir(&[CHUNK_SIZE_BYTES as usize, CHUNK_SIZE_BYTES as usize]);
-    let data_dir = tempfile::tempdir().expect("data dir");
-    let sources = Arc::new(Sources::new(quick()));
-    let rt = runtime();
-    let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
-    let objects = rt.block_on(sources.pin(&[prefix_url(&dir)])).expect("pin");
-    let cache = cache_over(data_dir.path(), objects, sources, rt.handle().clone(), Arc::clone(&ns));
+    let f = Fixture::new(&[CHUNK_SIZE_BYTES as usize, CHUNK_SIZE_BYTES as usize]);
+    let Fixture { dir, data, rt, ns, .. } = &f;
+    let cache = f.cache();
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(dir.path().join("b"), bytes_of(CHUNK_SIZE_BYTES as usize, 77)).expect("overwrite");
     let ranges =
