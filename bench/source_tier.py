@@ -212,6 +212,15 @@ def main() -> None:
         print(f"| {name} | {seconds} |")
 
 
+def first_batch(make) -> str:
+    """Seconds from making a peer's dataset to its first BATCH samples."""
+    started = time.perf_counter()
+    it = iter(make())
+    for _ in range(BATCH):
+        next(it)
+    return f"{time.perf_counter() - started:.3f}"
+
+
 def peer_mosaic(work: pathlib.Path, files, s3) -> str:
     try:
         from streaming import MDSWriter, StreamingDataset
@@ -226,12 +235,8 @@ def peer_mosaic(work: pathlib.Path, files, s3) -> str:
                     writer.write({"x": data[at:at + WINDOW * 2]})
         for item in out.iterdir():
             s3.upload_file(str(item), "bench", f"mds/{item.name}")
-        started = time.perf_counter()
-        ds = StreamingDataset(remote="s3://bench/mds", local=str(work / "mds-cache"), shuffle=True, batch_size=BATCH)
-        it = iter(ds)
-        for _ in range(BATCH):
-            next(it)
-        return f"{time.perf_counter() - started:.3f}"
+        return first_batch(lambda: StreamingDataset(remote="s3://bench/mds", local=str(work / "mds-cache"),
+                                                    shuffle=True, batch_size=BATCH))
     except Exception as err:  # a peer that cannot run here is reported, not fatal
         return f"failed: {type(err).__name__}: {err}"[:200]
 
@@ -245,13 +250,8 @@ def peer_litdata(work: pathlib.Path, files) -> str:
         windows = [(str(p), at) for p in files for at in range(0, p.stat().st_size - WINDOW * 2, WINDOW * 2 * 16)]
         litdata.optimize(fn=_lit_window, inputs=windows, output_dir="s3://bench/lit", chunk_bytes="64MB",
                          num_workers=1)
-        started = time.perf_counter()
-        ds = litdata.StreamingDataset("s3://bench/lit", shuffle=True, seed=1,
-                                      cache_dir=str(work / "lit-cache"))
-        it = iter(ds)
-        for _ in range(BATCH):
-            next(it)
-        return f"{time.perf_counter() - started:.3f}"
+        return first_batch(lambda: litdata.StreamingDataset("s3://bench/lit", shuffle=True, seed=1,
+                                                            cache_dir=str(work / "lit-cache")))
     except Exception as err:  # a peer that cannot run here is reported, not fatal
         return f"failed: {type(err).__name__}: {err}"[:200]
 
