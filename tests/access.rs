@@ -16,6 +16,7 @@ use common::{random_file, sealed_dataset, NodeProcess};
 use serde_json::Value;
 use sluice_client::blocking::Client;
 use sluice_client::{OpenOptions, RangeStatus, ReadRange};
+use sluice_control::api::Access;
 
 /// One request as `bearer` (none: anonymous): the status and the error
 /// code of the answer.
@@ -68,7 +69,8 @@ fn strangers_and_grant_holders_cannot_administer_or_read_other_datasets() {
     let policy_object = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/bpf/all_bulk.bpf.o")).expect("object");
     let before = catalog_dump(&node);
 
-    let revoke = format!("/v1/grants/{a_grant}");
+    let revoke_id = a_grant.to_string();
+    let revoke = format!("/v1/grants/{revoke_id}");
     let attempts: Vec<(&str, &str, Vec<u8>)> = vec![
         ("POST", "/v1/grants", br#"{"dataset":"a","client":"mallory"}"#.to_vec()),
         ("POST", "/v1/grants", br#"{"dataset":"b","client":"mallory"}"#.to_vec()),
@@ -91,7 +93,29 @@ fn strangers_and_grant_holders_cannot_administer_or_read_other_datasets() {
         ("GET", "/v1/cluster", vec![]),
         ("GET", "/v1/trace", vec![]),
         ("GET", "/metrics", vec![]),
+        ("POST", "/v1/datasets/a/warm", vec![]),
+        ("PUT", "/v1/datasets/a/pin", vec![]),
+        ("DELETE", "/v1/datasets/a/pin", vec![]),
+        ("GET", "/v1/datasets/b/cache", vec![]),
+        ("POST", "/v1/datasets/b/prefetch", [0u64.to_le_bytes().as_slice(), &64u32.to_le_bytes()].concat()),
+        ("GET", "/v1/orphans", vec![]),
+        ("DELETE", "/v1/orphans", vec![]),
     ];
+    // Every guarded operation of the API is in the list: a new route
+    // cannot go untested here.
+    for (method, route, access) in sluice_control::api::ROUTES {
+        if *access == Access::Public {
+            continue;
+        }
+        let attacked = attempts.iter().any(|(m, path, _)| {
+            m == method
+                && (path == route
+                    || [("{name}", "a"), ("{name}", "b"), ("{id}", revoke_id.as_str())]
+                        .iter()
+                        .any(|(hole, fill)| route.replace(hole, fill) == *path))
+        });
+        assert!(attacked, "{method} {route} ({access:?}) is not attacked by this test");
+    }
     let forged = format!("sluice_{}", "ab".repeat(32));
     for (who, bearer, expected) in [
         ("anonymous", None, (401, "unauthenticated")),
