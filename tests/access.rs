@@ -97,6 +97,7 @@ fn strangers_and_grant_holders_cannot_administer_or_read_other_datasets() {
         ("PUT", "/v1/datasets/a/pin", vec![]),
         ("DELETE", "/v1/datasets/a/pin", vec![]),
         ("GET", "/v1/datasets/b/cache", vec![]),
+        ("GET", "/v1/caches", vec![]),
         ("POST", "/v1/datasets/b/prefetch", [0u64.to_le_bytes().as_slice(), &64u32.to_le_bytes()].concat()),
         ("GET", "/v1/orphans", vec![]),
         ("DELETE", "/v1/orphans", vec![]),

@@ -377,6 +377,19 @@ fn under_a_budget_smaller_than_the_dataset_reads_stay_exact_and_pinned_and_inges
     let pinned = cache_of(&node, "small");
     assert_eq!(pinned["chunks_present"], pinned["chunks_total"], "a pinned dataset keeps every chunk: {pinned}");
     assert_eq!(pinned["chunks_evicted"], 0);
+    // `sluicectl top` shows both caches, and only they: the ingested
+    // dataset has none.
+    let top: serde_json::Value = serde_json::from_str(&node.ctl_ok(&["top", "--json", "--once"])).expect("json");
+    let names: Vec<&str> =
+        top["caches"].as_array().expect("caches").iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["big", "small"], "{top}");
+    assert_eq!(top["caches"][0]["bytes_evicted"], cache["bytes_evicted"]);
+    let table = node.ctl_ok(&["top", "--once"]);
+    let row = |name: &str| table.lines().find(|l| l.starts_with(&format!("{name} "))).map(str::to_string);
+    let small_row = row("small").unwrap_or_else(|| panic!("no row for small: {table}"));
+    assert!(small_row.contains("100.0%") && small_row.ends_with("hydrated,pinned"), "{small_row}");
+    assert!(row("big").is_some_and(|r| !r.contains(" 0B ")), "big's evictions are shown: {table}");
+    assert!(row("ingested").is_none(), "{table}");
     let gets = s3.gets();
     let small_dataset = client.open("small").expect("open");
     let all = [(0, small.len() as u32)];

@@ -7,6 +7,7 @@
 //! node (`scripts/check-layout.sh`).
 
 pub mod api;
+pub mod cache_view;
 pub mod cli;
 pub mod commands;
 pub mod error;

@@ -1,6 +1,7 @@
 //! `sluicectl top`'s terminal UI (ratatui): the node's eBPF trace per
 //! dataset and lane, refreshed every interval, with the latency and size
-//! histograms of the selected row and the count of slow batches kept.
+//! histograms of the selected row and the count of slow batches kept;
+//! below them the cache tier of the source-backed datasets.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,18 +12,30 @@ use ratatui::style::{Modifier, Style};
 use ratatui::widgets::{BarChart, Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 use serde_json::Value;
+use sluice_proto::api::CacheReport;
+
+use crate::cache_view::{self, CacheRates};
+
+/// What one refresh fetches: `GET /v1/trace` and `GET /v1/caches`.
+pub struct Snapshot {
+    pub trace: Value,
+    pub caches: Vec<CacheReport>,
+}
 
 /// What the UI remembers between snapshots.
 #[derive(Default)]
 pub struct TopState {
     previous: HashMap<(u64, String), u64>,
     rates: HashMap<(u64, String), f64>,
+    cache_rates: CacheRates,
     table: TableState,
 }
 
 impl TopState {
     /// Takes a new snapshot: batch rates are the difference from the last.
-    pub fn update(&mut self, snapshot: &Value, interval_s: f64) {
+    pub fn update(&mut self, snapshot: &Snapshot, interval_s: f64) {
+        self.cache_rates.update(&snapshot.caches, interval_s);
+        let snapshot = &snapshot.trace;
         for entry in entries(snapshot) {
             let key = (entry["dataset_id"].as_u64().unwrap_or(0), entry["lane"].as_str().unwrap_or("?").to_string());
             let batches = entry["batches"].as_u64().unwrap_or(0);
@@ -114,10 +127,18 @@ pub fn kernel_line(snapshot: &Value) -> String {
 }
 
 /// Draws one frame.
-pub fn draw(frame: &mut Frame<'_>, snapshot: &Value, state: &mut TopState) {
-    let [table_area, charts_area, kernel_area, footer_area] =
-        Layout::vertical([Constraint::Min(5), Constraint::Length(12), Constraint::Length(1), Constraint::Length(1)])
-            .areas(frame.area());
+pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, state: &mut TopState) {
+    let cache_rows = if snapshot.caches.is_empty() { 0 } else { snapshot.caches.len() as u16 + 3 };
+    let [table_area, charts_area, kernel_area, cache_area, footer_area] = Layout::vertical([
+        Constraint::Min(5),
+        Constraint::Length(12),
+        Constraint::Length(1),
+        Constraint::Length(cache_rows),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+    draw_caches(frame, cache_area, &state.cache_rates.rows(&snapshot.caches));
+    let snapshot = &snapshot.trace;
     if snapshot["available"] != Value::Bool(true) {
         let reason = snapshot["reason"].as_str().unwrap_or("unknown");
         frame.render_widget(
@@ -184,8 +205,30 @@ pub fn draw(frame: &mut Frame<'_>, snapshot: &Value, state: &mut TopState) {
     );
 }
 
+/// The cache tier's table; nothing when no dataset is source-backed.
+fn draw_caches(frame: &mut Frame<'_>, area: ratatui::layout::Rect, rows: &[[String; 9]]) {
+    if rows.is_empty() {
+        return;
+    }
+    let widths = [
+        Constraint::Min(16),
+        Constraint::Length(8),
+        Constraint::Length(7),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(8),
+        Constraint::Length(7),
+        Constraint::Min(8),
+    ];
+    let table = Table::new(rows.iter().map(|r| Row::new(r.clone())), widths)
+        .header(Row::new(cache_view::HEADER).style(Style::default().add_modifier(Modifier::BOLD)))
+        .block(Block::bordered().title("cache tier: source-backed datasets (ERRORS: unavailable/changed)"));
+    frame.render_widget(table, area);
+}
+
 /// Runs the UI until `q` or Esc: fetches a snapshot every `interval`.
-pub fn run(mut fetch: impl FnMut() -> Result<Value, String>, interval: Duration) -> Result<(), String> {
+pub fn run(mut fetch: impl FnMut() -> Result<Snapshot, String>, interval: Duration) -> Result<(), String> {
     let mut terminal = ratatui::init();
     let mut state = TopState::default();
     let outcome = (|| -> Result<(), String> {
@@ -204,8 +247,8 @@ pub fn run(mut fetch: impl FnMut() -> Result<Value, String>, interval: Duration)
                     }
                     match key.code {
                         KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
-                        KeyCode::Down | KeyCode::Char('j') => state.step(true, entries(&snapshot).len()),
-                        KeyCode::Up | KeyCode::Char('k') => state.step(false, entries(&snapshot).len()),
+                        KeyCode::Down | KeyCode::Char('j') => state.step(true, entries(&snapshot.trace).len()),
+                        KeyCode::Up | KeyCode::Char('k') => state.step(false, entries(&snapshot.trace).len()),
                         _ => {}
                     }
                     terminal.draw(|frame| draw(frame, &snapshot, &mut state)).map_err(|e| e.to_string())?;
@@ -224,7 +267,11 @@ mod tests {
 
     use super::*;
 
-    fn snapshot(batches: u64) -> Value {
+    fn snapshot(batches: u64) -> Snapshot {
+        Snapshot { trace: trace(batches), caches: Vec::new() }
+    }
+
+    fn trace(batches: u64) -> Value {
         serde_json::json!({
             "available": true,
             "entries": [
@@ -272,9 +319,15 @@ mod tests {
     #[test]
     fn says_why_there_is_no_trace() {
         let mut terminal = Terminal::new(TestBackend::new(100, 20)).expect("terminal");
-        let snapshot = serde_json::json!({"available": false, "reason": "eBPF tracing is off"});
+        let trace = serde_json::json!({"available": false, "reason": "eBPF tracing is off"});
+        let snapshot = Snapshot { trace, caches: vec![cache_view::tests::report("web", 100, 1 << 20)] };
         terminal.draw(|f| draw(f, &snapshot, &mut TopState::default())).expect("draw");
-        assert!(screen(&terminal).contains("no trace: eBPF tracing is off"));
+        let text = screen(&terminal);
+        assert!(text.contains("no trace: eBPF tracing is off"), "{text}");
+        assert!(
+            text.contains("cache tier") && text.contains("web") && text.contains("25.0%"),
+            "caches without a trace: {text}"
+        );
     }
 
     #[test]

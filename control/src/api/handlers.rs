@@ -30,6 +30,7 @@ use super::*;
         stat,
         warm,
         cache,
+        caches,
         pin,
         unpin,
         prefetch,
@@ -246,6 +247,12 @@ pub(super) async fn cache(
     ApiPath(name): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.cache_report(&name).await?))
+}
+
+/// The caches of every source-backed dataset on the node.
+#[utoipa::path(get, path = "/v1/caches", tag = "datasets", responses((status = 200, body = Vec<sluice_proto::api::CacheReport>), (status = 502, body = ApiErrorBody)))]
+pub(super) async fn caches(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(control.cache_reports()?))
 }
 
 /// Largest prefetch hint: 65,536 ranges.

@@ -74,6 +74,7 @@ pub const ROUTES: &[(&str, &str, Access)] = &[
     ("POST", "/v1/datasets/{name}/scrub", Access::Operator),
     ("POST", "/v1/datasets/{name}/warm", Access::Operator),
     ("GET", "/v1/datasets/{name}/cache", Access::DatasetReader),
+    ("GET", "/v1/caches", Access::Operator),
     ("PUT", "/v1/datasets/{name}/pin", Access::Operator),
     ("POST", "/v1/datasets/{name}/prefetch", Access::DatasetReader),
     ("DELETE", "/v1/datasets/{name}/pin", Access::Operator),
@@ -114,6 +115,7 @@ pub fn router(control: Shared) -> Router {
         .route("/v1/datasets/{name}/scrub", post(scrub))
         .route("/v1/datasets/{name}/warm", post(warm))
         .route("/v1/datasets/{name}/cache", get(cache))
+        .route("/v1/caches", get(caches))
         .route("/v1/datasets/{name}/pin", axum::routing::put(pin).delete(unpin))
         .route(
             "/v1/datasets/{name}/prefetch",

@@ -199,6 +199,17 @@ impl ControlPlane {
         Ok(cache.report(record.content_hash.is_some()))
     }
 
+    /// The cache of every source-backed dataset, in name order
+    /// (`GET /v1/caches`, what `sluicectl top` shows).
+    pub fn cache_reports(&self) -> Result<Vec<CacheReport>, ControlError> {
+        let mut reports = Vec::new();
+        for record in self.catalog.list()?.into_iter().filter(|r| r.source.is_some()) {
+            reports.push(self.cache_for(&record)?.report(record.content_hash.is_some()));
+        }
+        reports.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(reports)
+    }
+
     /// Starts filling every chunk of `name`, `parallel` runs at once, if it
     /// is not already; at the end the dataset is hydrated. A restart goes
     /// on with a warm it interrupted ([`ControlPlane::resume_warms`]).

@@ -1,4 +1,5 @@
-//! `sluicectl top`: live small-read traffic from the node's eBPF probes.
+//! `sluicectl top`: live small-read traffic from the node's eBPF probes,
+//! and the cache tier of its source-backed datasets.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -6,25 +7,35 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::api::Api;
+use crate::cache_view::CacheRates;
 use crate::error::{CtlError, Result};
+use crate::tui::Snapshot;
+
+fn snapshot(api: &Api) -> Result<Snapshot> {
+    Ok(Snapshot { trace: api.get_json("/v1/trace")?, caches: api.get_json("/v1/caches")? })
+}
 
 pub fn run(api: &Api, once: bool, interval: f64, json: bool) -> Result<()> {
     use std::io::IsTerminal;
     if !once && !json && std::io::stdout().is_terminal() {
         // Live terminal UI; plain text when piped.
-        let fetch = || api.get_json("/v1/trace").map_err(|e| e.to_string());
+        let fetch = || snapshot(api).map_err(|e| e.to_string());
         return crate::tui::run(fetch, Duration::from_secs_f64(interval.max(0.1))).map_err(CtlError::Unavailable);
     }
     let mut previous: HashMap<(u64, String), u64> = HashMap::new();
+    let mut cache_rates = CacheRates::default();
     loop {
-        let snapshot: Value = api.get_json("/v1/trace")?;
+        let Snapshot { mut trace, caches } = snapshot(api)?;
+        cache_rates.update(&caches, interval);
         if json {
-            println!("{snapshot}");
+            trace["caches"] = serde_json::to_value(&caches).map_err(|e| CtlError::Failed(e.to_string()))?;
+            println!("{trace}");
         } else {
             if !once {
                 print!("\x1b[2J\x1b[H");
             }
-            print!("{}", render_top(&snapshot, &mut previous, interval));
+            print!("{}", render_top(&trace, &mut previous, interval));
+            print!("{}", crate::cache_view::render(&cache_rates.rows(&caches)));
         }
         if once {
             return Ok(());
