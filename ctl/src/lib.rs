@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod readbench;
+pub mod trace_view;
 pub mod tui;
 
 use std::process::ExitCode;

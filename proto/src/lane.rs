@@ -2,7 +2,9 @@
 //! counters and `/metrics` name them.
 
 /// The two admission lanes of the data plane: small reads go first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Named by [`Lane::name`] in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[repr(u8)]
 pub enum Lane {
     Latency = 0,

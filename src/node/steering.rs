@@ -125,6 +125,8 @@ const SLOW_BATCHES_KEPT: usize = 64;
 /// its maps through the control plane.
 pub(super) fn attach_tracer(control: &Arc<ControlPlane>, kernel_trace: Result<(), &str>) -> Result<(), String> {
     use sluice_ebpf::{Scope, Tracer};
+    use sluice_proto::api::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
+    use sluice_proto::Lane;
     probes_must_be_distinct()?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     // The kernel's side: the io_uring backend's requests, from tracepoints.
@@ -146,7 +148,7 @@ pub(super) fn attach_tracer(control: &Arc<ControlPlane>, kernel_trace: Result<()
     let catalog = Arc::downgrade(control);
     control.set_trace_source(Arc::new(move || {
         let Ok(mut state) = state.lock() else {
-            return serde_json::json!({ "available": false, "reason": "trace state poisoned" });
+            return TraceSnapshot::unavailable("trace state poisoned");
         };
         let (tracer, slow) = &mut *state;
         if let Ok(batches) = tracer.slow_batches() {
@@ -162,52 +164,49 @@ pub(super) fn attach_tracer(control: &Arc<ControlPlane>, kernel_trace: Result<()
             .and_then(|c| c.list().ok())
             .map(|records| records.into_iter().map(|r| (r.id, r.name)).collect())
             .unwrap_or_default();
-        let lane = |l: u64| if l == 0 { "latency" } else { "bulk" };
-        let entries: Vec<serde_json::Value> = match tracer.snapshot() {
+        let lane = |l: u32| if l == 0 { Lane::Latency } else { Lane::Bulk };
+        let entries = match tracer.snapshot() {
             Ok(entries) => entries
                 .iter()
-                .map(|(key, stats)| {
-                    serde_json::json!({
-                        "dataset_id": key.dataset_id,
-                        "dataset": names.get(&key.dataset_id),
-                        "lane": lane(u64::from(key.lane)),
-                        "batches": stats.batches,
-                        "ranges": stats.ranges,
-                        "bytes": stats.bytes,
-                        "failed_ranges": stats.failed_ranges,
-                        "size_log2": stats.size_log2.to_vec(),
-                        "latency_log2_us": stats.latency_log2_us.to_vec(),
-                    })
+                .map(|(key, stats)| TraceEntry {
+                    dataset_id: key.dataset_id,
+                    dataset: names.get(&key.dataset_id).cloned(),
+                    lane: lane(key.lane),
+                    batches: stats.batches,
+                    ranges: stats.ranges,
+                    bytes: stats.bytes,
+                    failed_ranges: stats.failed_ranges,
+                    size_log2: stats.size_log2.to_vec(),
+                    latency_log2_us: stats.latency_log2_us.to_vec(),
                 })
                 .collect(),
-            Err(err) => return serde_json::json!({ "available": false, "reason": err.to_string() }),
+            Err(err) => return TraceSnapshot::unavailable(err.to_string()),
         };
-        let slow_batches: Vec<serde_json::Value> = slow
+        let slow_batches = slow
             .iter()
-            .map(|b| {
-                serde_json::json!({
-                    "dataset_id": b.dataset_id,
-                    "client_id": b.client_id,
-                    "lane": lane(u64::from(b.lane)),
-                    "ranges": b.ranges,
-                    "bytes": b.bytes,
-                    "latency_us": b.complete_ns.saturating_sub(b.submit_ns) / 1000,
-                })
+            .map(|b| SlowBatch {
+                dataset_id: b.dataset_id,
+                client_id: u64::from(b.client_id),
+                lane: lane(u32::from(b.lane)),
+                ranges: u64::from(b.ranges),
+                bytes: b.bytes,
+                latency_us: b.complete_ns.saturating_sub(b.submit_ns) / 1000,
             })
             .collect();
-        let kernel = match kernel.as_ref().map(|t| t.snapshot()) {
-            Ok(Ok(stats)) => serde_json::json!({
-                "available": true,
-                "source": "io_uring:io_uring_submit_req -> io_uring:io_uring_complete",
-                "requests": stats.requests,
-                "sampled_one_in": kernel.as_ref().map_or(1, |t| t.sampled_one_in()),
-                "errors": stats.errors,
-                "latency_log2_us": stats.latency_log2_us.to_vec(),
-            }),
-            Ok(Err(err)) => serde_json::json!({ "available": false, "reason": err.to_string() }),
-            Err(reason) => serde_json::json!({ "available": false, "reason": reason }),
+        let kernel = match kernel.as_ref().map(|t| (t.snapshot(), t.sampled_one_in())) {
+            Ok((Ok(stats), sampled_one_in)) => KernelTrace {
+                available: true,
+                reason: None,
+                source: Some("io_uring:io_uring_submit_req -> io_uring:io_uring_complete".into()),
+                requests: stats.requests,
+                sampled_one_in,
+                errors: stats.errors,
+                latency_log2_us: stats.latency_log2_us.to_vec(),
+            },
+            Ok((Err(err), _)) => KernelTrace::unavailable(err.to_string()),
+            Err(reason) => KernelTrace::unavailable(reason.clone()),
         };
-        serde_json::json!({ "available": true, "entries": entries, "slow_batches": slow_batches, "kernel": kernel })
+        TraceSnapshot { available: true, reason: None, entries, slow_batches, kernel }
     }));
     Ok(())
 }

@@ -477,7 +477,7 @@ pub(super) async fn scrub(
 }
 
 /// Live small-read traffic from the eBPF probes (`sluicectl top`).
-#[utoipa::path(get, path = "/v1/trace", tag = "operations", responses((status = 200, description = "eBPF trace snapshot, or why there is none", body = Object)))]
+#[utoipa::path(get, path = "/v1/trace", tag = "operations", responses((status = 200, description = "eBPF trace snapshot, or why there is none", body = sluice_proto::api::TraceSnapshot)))]
 pub(super) async fn trace(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.trace_snapshot())
 }

@@ -212,7 +212,7 @@ pub struct NamespacePool {
 }
 
 /// Produces the eBPF trace snapshot `GET /v1/trace` serves.
-pub type TraceSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+pub type TraceSource = Arc<dyn Fn() -> sluice_proto::api::TraceSnapshot + Send + Sync>;
 
 /// The node's lane-steering policy as the control API manages it; the BPF
 /// side lives with the node binary, which sets this at start with `--ebpf`.

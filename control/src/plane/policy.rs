@@ -72,13 +72,12 @@ impl ControlPlane {
     }
 
     /// The current trace snapshot, or why there is none.
-    pub fn trace_snapshot(&self) -> serde_json::Value {
+    pub fn trace_snapshot(&self) -> sluice_proto::api::TraceSnapshot {
         match self.trace.read().ok().and_then(|t| t.clone()) {
             Some(source) => source(),
-            None => serde_json::json!({
-                "available": false,
-                "reason": "eBPF tracing is off: start sluiced with --ebpf (as root)",
-            }),
+            None => sluice_proto::api::TraceSnapshot::unavailable(
+                "eBPF tracing is off: start sluiced with --ebpf (as root)",
+            ),
         }
     }
 }

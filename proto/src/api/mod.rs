@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 pub mod cluster;
 pub mod dataset;
 pub mod devices;
+pub mod trace;
 
 pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
 pub use dataset::{
@@ -14,6 +15,7 @@ pub use dataset::{
     SourceObject,
 };
 pub use devices::DeviceReport;
+pub use trace::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients
 /// read the data-plane address from it.
