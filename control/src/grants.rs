@@ -32,22 +32,7 @@ pub struct GrantRecord {
     pub cert_name: Option<String>,
 }
 
-/// What the API shows of a grant (never the token's hash).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct GrantView {
-    pub id: u64,
-    pub client: String,
-    pub dataset: String,
-    pub created_unix_ms: u64,
-    /// The client certificate CN the grant is bound to, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_name: Option<String>,
-    /// Present only in the answer to the request that created the grant
-    /// (never shown by `Debug`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub token: Option<sluice_proto::codec::Secret>,
-}
+pub use sluice_proto::api::GrantView;
 
 impl From<&GrantRecord> for GrantView {
     fn from(record: &GrantRecord) -> Self {

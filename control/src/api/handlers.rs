@@ -68,18 +68,6 @@ pub(super) async fn devices(State(control): State<Shared>) -> Result<impl IntoRe
     Ok(Json(devices))
 }
 
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct OrphanFile {
-    pub path: String,
-    pub bytes: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Purged {
-    pub files: u64,
-    pub bytes: u64,
-}
-
 /// Files no record owns, quarantined in `DATA_DIR/orphans/` (never deleted
 /// without an operator's word).
 #[utoipa::path(get, path = "/v1/orphans", tag = "operations", responses((status = 200, body = Vec<OrphanFile>)))]
@@ -163,24 +151,8 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GrantRequest {
-    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]*$", min_length = 1, max_length = 128)]
-    pub dataset: String,
-    /// Who the grant is for: a job, host or service identity (printable
-    /// ASCII, no spaces).
-    #[schema(pattern = "^[!-~]+$", min_length = 1, max_length = 128)]
-    pub client: String,
-    /// Bind the grant to the client certificate with this CN: its token
-    /// then opens only from a TLS connection that presents it.
-    #[serde(default)]
-    #[schema(pattern = "^[!-~]+$", min_length = 1, max_length = 128)]
-    pub cert_name: Option<String>,
-}
-
 /// Issues a grant; the response is the only place its token appears.
-#[utoipa::path(post, path = "/v1/grants", tag = "grants", request_body = GrantRequest, responses((status = 201, description = "The grant, with its token (shown only here)", body = crate::grants::GrantView), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 507, body = ApiErrorBody)))]
+#[utoipa::path(post, path = "/v1/grants", tag = "grants", request_body = GrantRequest, responses((status = 201, description = "The grant, with its token (shown only here)", body = sluice_proto::api::GrantView), (status = 404, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 507, body = ApiErrorBody)))]
 pub(super) async fn create_grant(
     State(control): State<Shared>,
     ApiJson(request): ApiJson<GrantRequest>,
@@ -193,7 +165,7 @@ pub(super) async fn create_grant(
     Ok((StatusCode::CREATED, Json(grant)))
 }
 
-#[utoipa::path(get, path = "/v1/grants", tag = "grants", responses((status = 200, body = Vec<crate::grants::GrantView>)))]
+#[utoipa::path(get, path = "/v1/grants", tag = "grants", responses((status = 200, body = Vec<sluice_proto::api::GrantView>)))]
 pub(super) async fn list_grants(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.list_grants())
 }

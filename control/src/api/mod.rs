@@ -29,7 +29,7 @@ use crate::ingest::{Appended, IngestFormat};
 use crate::openapi::Contract;
 use crate::plane::{ControlError, ControlPlane};
 use crate::serve::PeerIdentity;
-use sluice_proto::api::DatasetKind;
+use sluice_proto::api::{DatasetKind, GrantRequest, OrphanFile, Purged};
 
 mod errors;
 mod handlers;

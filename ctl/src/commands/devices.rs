@@ -2,7 +2,7 @@
 //! and the files no record owns.
 
 use serde_json::Value;
-use sluice_proto::api::{DatasetRecord, DeviceReport};
+use sluice_proto::api::{DatasetRecord, DeviceReport, OrphanFile, Purged};
 
 use crate::api::Api;
 use crate::cli::OrphansCommand;
@@ -29,23 +29,26 @@ pub fn devices(api: &Api, json: bool) -> Result<()> {
 }
 
 pub fn orphans(api: &Api, json: bool, command: &OrphansCommand) -> Result<()> {
-    let answer: Value = match command {
-        OrphansCommand::Ls => api.get_json("/v1/orphans")?,
-        OrphansCommand::Purge => {
-            api.call(api.request("DELETE", "/v1/orphans").call())?.into_json().map_err(unreadable_answer)?
-        }
-    };
-    if json {
-        println!("{answer}");
-        return Ok(());
-    }
     match command {
         OrphansCommand::Ls => {
-            for file in answer.as_array().into_iter().flatten() {
-                println!("{:>16}  {}", file["bytes"], file["path"].as_str().unwrap_or(""));
+            let files: Vec<OrphanFile> = api.get_json("/v1/orphans")?;
+            if json {
+                println!("{}", json_line(&files)?);
+                return Ok(());
+            }
+            for file in files {
+                println!("{:>16}  {}", file.bytes, file.path);
             }
         }
-        OrphansCommand::Purge => println!("purged {} files, {} bytes", answer["files"], answer["bytes"]),
+        OrphansCommand::Purge => {
+            let purged: Purged =
+                api.call(api.request("DELETE", "/v1/orphans").call())?.into_json().map_err(unreadable_answer)?;
+            if json {
+                println!("{}", json_line(&purged)?);
+            } else {
+                println!("purged {} files, {} bytes", purged.files, purged.bytes);
+            }
+        }
     }
     Ok(())
 }

@@ -1,41 +1,35 @@
 //! `sluicectl grant`: issue, list and revoke access grants.
 
-use serde_json::Value;
+use sluice_proto::api::{GrantRequest, GrantView};
 
 use crate::api::Api;
 use crate::cli::GrantCommand;
-use crate::error::{unreadable_answer, Result};
+use crate::error::{json_line, unreadable_answer, Result};
 
 pub fn run(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
     match command {
         GrantCommand::Create { dataset, client, cert_name } => {
-            let body = serde_json::json!({ "dataset": dataset, "client": client, "cert_name": cert_name });
-            let grant: Value =
+            let body = GrantRequest { dataset: dataset.clone(), client: client.clone(), cert_name: cert_name.clone() };
+            let grant: GrantView =
                 api.call(api.request("POST", "/v1/grants").send_json(body))?.into_json().map_err(unreadable_answer)?;
             if json {
-                println!("{grant}");
+                println!("{}", json_line(&grant)?);
             } else {
-                println!("grant {} of {dataset} to {client}", grant["id"]);
+                println!("grant {} of {dataset} to {client}", grant.id);
                 println!(
                     "token (shown once; pass it as --token or SLUICE_TOKEN): {}",
-                    grant["token"].as_str().unwrap_or("")
+                    grant.token.as_ref().map_or("", |t| t.expose())
                 );
             }
         }
         GrantCommand::Ls => {
-            let grants: Vec<Value> = api.get_json("/v1/grants")?;
+            let grants: Vec<GrantView> = api.get_json("/v1/grants")?;
             if json {
-                println!("{}", Value::Array(grants));
+                println!("{}", json_line(&grants)?);
             } else {
                 println!("{:>6}  {:<32} {:<40} CREATED (unix ms)", "ID", "DATASET", "CLIENT");
                 for g in grants {
-                    println!(
-                        "{:>6}  {:<32} {:<40} {}",
-                        g["id"],
-                        g["dataset"].as_str().unwrap_or(""),
-                        g["client"].as_str().unwrap_or(""),
-                        g["created_unix_ms"]
-                    );
+                    println!("{:>6}  {:<32} {:<40} {}", g.id, g.dataset, g.client, g.created_unix_ms);
                 }
             }
         }

@@ -22,3 +22,20 @@ pub struct DeviceReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
 }
+
+/// A file no record owns, quarantined in `DATA_DIR/orphans/`
+/// (`GET /v1/orphans`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OrphanFile {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// What `DELETE /v1/orphans` deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Purged {
+    pub files: u64,
+    pub bytes: u64,
+}

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 pub mod cluster;
 pub mod dataset;
 pub mod devices;
+pub mod grants;
 pub mod trace;
 
 pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
@@ -14,7 +15,8 @@ pub use dataset::{
     Appended, CacheReport, DatasetKind, DatasetRecord, DatasetSource, DatasetState, NamespaceRecord, ScrubReport,
     SourceObject,
 };
-pub use devices::DeviceReport;
+pub use devices::{DeviceReport, OrphanFile, Purged};
+pub use grants::{GrantRequest, GrantView};
 pub use trace::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients
