@@ -140,16 +140,7 @@ impl Drop for MappedDecisions {
 }
 
 /// What policy runs now.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct PolicyInfo {
-    /// The name it was loaded under (the file name, or `default`).
-    pub name: String,
-    /// blake3 of the object, to tell two files of one name apart.
-    pub object_hash: String,
-    pub object_bytes: usize,
-    /// Seconds since the Unix epoch when it was attached.
-    pub loaded_at_unix_s: u64,
-}
+pub use sluice_proto::api::PolicyInfo;
 
 struct LoadedPolicy {
     // Dropping the Ebpf detaches its uprobe.
@@ -235,7 +226,7 @@ impl Steering {
         let info = PolicyInfo {
             name: name.to_owned(),
             object_hash: format!("blake3:{}", blake3::hash(object).to_hex()),
-            object_bytes: object.len(),
+            object_bytes: object.len() as u64,
             loaded_at_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -1,6 +1,8 @@
 //! eBPF steering: the latency-lane workers, the policy the control API
 //! swaps, and the trace `sluicectl top` shows.
 
+use sluice_proto::api::{FlowDecisions, PolicyInfo, PolicyReport, Unloaded, WorkerConnections};
+
 use super::*;
 
 /// Serves the latency-lane worker socket on a thread of its own (a
@@ -75,36 +77,42 @@ impl NodeSteering {
 }
 
 impl sluice_control::PolicyControl for NodeSteering {
-    fn show(&self) -> serde_json::Value {
+    fn show(&self) -> PolicyReport {
         let Ok(steering) = self.steering.lock() else {
-            return serde_json::json!({ "available": false, "reason": "steering state poisoned" });
+            return PolicyReport::unavailable("steering state poisoned");
         };
         let (none, latency, bulk) = steering.decision_counts();
         let ordering = std::sync::atomic::Ordering::Relaxed;
-        serde_json::json!({
-            "available": true,
-            "policy": steering.policy(),
-            "swaps": steering.swaps(),
-            "flows": { "open": self.plane.flows_open(), "undecided": none, "latency": latency, "bulk": bulk },
-            "connections": {
-                "latency_workers": self.latency_connections.load(ordering),
-                "bulk_workers": self.bulk_connections.load(ordering),
+        PolicyReport {
+            available: true,
+            reason: None,
+            policy: steering.policy(),
+            swaps: steering.swaps(),
+            flows: FlowDecisions {
+                open: self.plane.flows_open() as u64,
+                undecided: u64::from(none),
+                latency: u64::from(latency),
+                bulk: u64::from(bulk),
             },
-        })
+            connections: WorkerConnections {
+                latency_workers: self.latency_connections.load(ordering),
+                bulk_workers: self.bulk_connections.load(ordering),
+            },
+        }
     }
 
-    fn load(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, String> {
+    fn load(&self, name: &str, object: &[u8]) -> Result<PolicyInfo, String> {
         let mut steering = self.steering.lock().map_err(|_| "steering state poisoned".to_string())?;
         let info = steering.load_policy(name, object).map_err(|e| e.to_string())?;
         tracing::info!(policy = %info.name, hash = %info.object_hash, "steering policy swapped");
-        serde_json::to_value(info).map_err(|e| e.to_string())
+        Ok(info)
     }
 
-    fn unload(&self) -> Result<serde_json::Value, String> {
+    fn unload(&self) -> Result<Unloaded, String> {
         let mut steering = self.steering.lock().map_err(|_| "steering state poisoned".to_string())?;
         let old = steering.unload_policy().map_err(|e| e.to_string())?;
         tracing::info!("steering policy unloaded; lanes by batch size");
-        Ok(serde_json::json!({ "unloaded": old }))
+        Ok(Unloaded { unloaded: old })
     }
 }
 

@@ -403,7 +403,7 @@ pub(super) async fn stage_index(
 }
 
 /// The lane-steering policy attached now, or why there is none.
-#[utoipa::path(get, path = "/v1/policy", tag = "operations", responses((status = 200, description = "policy, decision counts and swaps", body = Object)))]
+#[utoipa::path(get, path = "/v1/policy", tag = "operations", responses((status = 200, description = "policy, decision counts and swaps", body = sluice_proto::api::PolicyReport)))]
 pub(super) async fn show_policy(State(control): State<Shared>) -> impl IntoResponse {
     Json(control.policy())
 }
@@ -420,7 +420,7 @@ pub(super) struct PolicyQuery {
 /// with a uprobe `lane_policy` and the maps of `sluice_steer.h`. Only on a
 /// node started with `policy_load = true`; the object is checked (program
 /// type, maps, helpers, allowlist) before anything reaches the kernel.
-#[utoipa::path(put, path = "/v1/policy", tag = "operations", params(PolicyQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, body = Object), (status = 409, body = ApiErrorBody), (status = 413, body = ApiErrorBody)))]
+#[utoipa::path(put, path = "/v1/policy", tag = "operations", params(PolicyQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, body = sluice_proto::api::PolicyInfo), (status = 409, body = ApiErrorBody), (status = 413, body = ApiErrorBody)))]
 pub(super) async fn load_policy(
     State(control): State<Shared>,
     ApiQuery(query): ApiQuery<PolicyQuery>,
@@ -434,7 +434,7 @@ pub(super) async fn load_policy(
 }
 
 /// Detaches the policy: the batch-size threshold decides lanes again.
-#[utoipa::path(delete, path = "/v1/policy", tag = "operations", responses((status = 200, body = Object), (status = 409, body = ApiErrorBody)))]
+#[utoipa::path(delete, path = "/v1/policy", tag = "operations", responses((status = 200, body = sluice_proto::api::Unloaded), (status = 409, body = ApiErrorBody)))]
 pub(super) async fn unload_policy(State(control): State<Shared>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(control.unload_policy()?))
 }

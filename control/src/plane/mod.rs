@@ -218,12 +218,12 @@ pub type TraceSource = Arc<dyn Fn() -> sluice_proto::api::TraceSnapshot + Send +
 /// side lives with the node binary, which sets this at start with `--ebpf`.
 pub trait PolicyControl: Send + Sync {
     /// The policy attached now, decision counts, swaps so far.
-    fn show(&self) -> serde_json::Value;
+    fn show(&self) -> sluice_proto::api::PolicyReport;
     /// Loads `object` (a BPF ELF object) as the policy, replacing the one
     /// attached; on error the old one stays.
-    fn load(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, String>;
+    fn load(&self, name: &str, object: &[u8]) -> Result<sluice_proto::api::PolicyInfo, String>;
     /// Detaches the policy; the size threshold decides again.
-    fn unload(&self) -> Result<serde_json::Value, String>;
+    fn unload(&self) -> Result<sluice_proto::api::Unloaded, String>;
 }
 
 /// Largest policy object `PUT /v1/policy` takes.

@@ -1,6 +1,8 @@
 //! The steering policy and the eBPF trace as the control API shows and
 //! swaps them (the BPF side is the node binary's, behind [`PolicyControl`]).
 
+use sluice_proto::api::{PolicyInfo, PolicyReport, Unloaded};
+
 use super::*;
 
 impl ControlPlane {
@@ -23,10 +25,10 @@ impl ControlPlane {
     }
 
     /// The steering policy now, or why there is none.
-    pub fn policy(&self) -> serde_json::Value {
+    pub fn policy(&self) -> PolicyReport {
         match self.policy_control() {
             Ok(control) => control.show(),
-            Err(err) => serde_json::json!({ "available": false, "reason": err.to_string() }),
+            Err(err) => PolicyReport::unavailable(err.to_string()),
         }
     }
 
@@ -40,7 +42,7 @@ impl ControlPlane {
     /// Swaps in the policy in `object`: only where the config allows
     /// loading, only an object on the allowlist when there is one; the
     /// steering side then checks what the object would do in the kernel.
-    pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<serde_json::Value, ControlError> {
+    pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<PolicyInfo, ControlError> {
         let rules = self.policy_rules.read().map(|r| r.clone()).unwrap_or_default();
         if !rules.load_enabled {
             return Err(ControlError::PolicyLoadOff);
@@ -67,7 +69,7 @@ impl ControlPlane {
     }
 
     /// Detaches the steering policy.
-    pub fn unload_policy(&self) -> Result<serde_json::Value, ControlError> {
+    pub fn unload_policy(&self) -> Result<Unloaded, ControlError> {
         self.policy_control()?.unload().map_err(ControlError::Steering)
     }
 

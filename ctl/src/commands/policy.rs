@@ -1,14 +1,21 @@
 //! `sluicectl policy`: the lane-steering policy, shown, swapped, unloaded.
 
-use serde_json::Value;
+use sluice_proto::api::{PolicyInfo, PolicyReport, Unloaded};
 
 use crate::api::Api;
 use crate::cli::PolicyCommand;
-use crate::error::{local, unreadable_answer, Result};
+use crate::error::{json_line, local, unreadable_answer, Result};
 
 pub fn run(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
-    let answer: Value = match command {
-        PolicyCommand::Show => api.get_json("/v1/policy")?,
+    match command {
+        PolicyCommand::Show => {
+            let report: PolicyReport = api.get_json("/v1/policy")?;
+            if json {
+                println!("{}", json_line(&report)?);
+            } else {
+                print!("{}", render_report(&report));
+            }
+        }
         PolicyCommand::Load { object } => {
             let bytes = std::fs::read(object).map_err(local(object))?;
             let name = object.file_name().map_or_else(|| "policy".into(), |n| n.to_string_lossy().into_owned());
@@ -17,53 +24,46 @@ pub fn run(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
                 .query("name", &name)
                 .set("content-type", "application/octet-stream")
                 .send_bytes(&bytes);
-            api.call(request)?.into_json().map_err(unreadable_answer)?
+            let loaded: PolicyInfo = api.call(request)?.into_json().map_err(unreadable_answer)?;
+            if json {
+                println!("{}", json_line(&loaded)?);
+            } else {
+                println!("policy {} attached ({})", loaded.name, loaded.object_hash);
+            }
         }
         PolicyCommand::Unload => {
-            api.call(api.request("DELETE", "/v1/policy").call())?.into_json().map_err(unreadable_answer)?
-        }
-    };
-    if json {
-        println!("{answer}");
-        return Ok(());
-    }
-    match command {
-        PolicyCommand::Show if answer["available"] == false => {
-            println!("no steering: {}", answer["reason"].as_str().unwrap_or("unknown"));
-        }
-        PolicyCommand::Show => {
-            let policy = &answer["policy"];
-            match policy["name"].as_str() {
-                Some(name) => println!(
-                    "policy {name} ({}, {} bytes)",
-                    policy["object_hash"].as_str().unwrap_or(""),
-                    policy["object_bytes"]
-                ),
-                None => println!("no policy: lanes by batch size"),
+            let answer: Unloaded =
+                api.call(api.request("DELETE", "/v1/policy").call())?.into_json().map_err(unreadable_answer)?;
+            if json {
+                println!("{}", json_line(&answer)?);
+            } else {
+                match answer.unloaded {
+                    Some(policy) => println!("policy {} detached; lanes by batch size", policy.name),
+                    None => println!("no policy was attached; lanes by batch size"),
+                }
             }
-            let flows = &answer["flows"];
-            println!(
-                "flows: {} open; decided {} latency, {} bulk ({} entries undecided)",
-                flows["open"], flows["latency"], flows["bulk"], flows["undecided"]
-            );
-            let connections = &answer["connections"];
-            println!(
-                "connections accepted: {} on latency-lane workers, {} on bulk-lane workers",
-                connections["latency_workers"], connections["bulk_workers"]
-            );
-            println!("policy swaps since start: {}", answer["swaps"]);
         }
-        PolicyCommand::Load { .. } => {
-            println!(
-                "policy {} attached ({})",
-                answer["name"].as_str().unwrap_or(""),
-                answer["object_hash"].as_str().unwrap_or("")
-            );
-        }
-        PolicyCommand::Unload => match answer["unloaded"]["name"].as_str() {
-            Some(name) => println!("policy {name} detached; lanes by batch size"),
-            None => println!("no policy was attached; lanes by batch size"),
-        },
     }
     Ok(())
+}
+
+fn render_report(report: &PolicyReport) -> String {
+    if !report.available {
+        return format!("no steering: {}\n", report.reason.as_deref().unwrap_or("unknown"));
+    }
+    let mut out = match &report.policy {
+        Some(p) => format!("policy {} ({}, {} bytes)\n", p.name, p.object_hash, p.object_bytes),
+        None => "no policy: lanes by batch size\n".to_string(),
+    };
+    let (flows, connections) = (&report.flows, &report.connections);
+    out.push_str(&format!(
+        "flows: {} open; decided {} latency, {} bulk ({} entries undecided)\n",
+        flows.open, flows.latency, flows.bulk, flows.undecided
+    ));
+    out.push_str(&format!(
+        "connections accepted: {} on latency-lane workers, {} on bulk-lane workers\n",
+        connections.latency_workers, connections.bulk_workers
+    ));
+    out.push_str(&format!("policy swaps since start: {}\n", report.swaps));
+    out
 }

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod dataset;
 pub mod devices;
 pub mod grants;
+pub mod policy;
 pub mod trace;
 
 pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
@@ -17,6 +18,7 @@ pub use dataset::{
 };
 pub use devices::{DeviceReport, OrphanFile, Purged};
 pub use grants::{GrantRequest, GrantView};
+pub use policy::{FlowDecisions, PolicyInfo, PolicyReport, Unloaded, WorkerConnections};
 pub use trace::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients
