@@ -12,7 +12,9 @@ echo "== installing packages"
 $SUDO apt-get update -q
 # gcc/make/pkg-config: C parts of dependencies (blake3, io-uring's build).
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
-# python3 + venv + pip: the `sluice` Python package and its pytest suite.
+# python3 + venv + pip: the `sluice` Python package and its pytest suite;
+# python3-numpy: the same package run by the guests' (this machine's) python3
+# in the rig's Python-over-RDMA test.
 # clang + libbpf-dev: rebuild the BPF programs to check the committed objects.
 # libibverbs-dev + librdmacm-dev: the RDMA transport (feature
 # `rdma`: rdma-sys links rdma-core; its bindgen uses the libclang clang brings).
@@ -27,7 +29,7 @@ $SUDO apt-get update -q
 # mount (losetup) + e2fsprogs: loop devices as namespace devices, an ext4 image.
 # openssl: the Python TLS test and bench/ab.sh make their certificates with it.
 $SUDO apt-get install -y -q --no-install-recommends \
-    build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip \
+    build-essential pkg-config ca-certificates fio python3 python3-venv python3-pip python3-numpy \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
     nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server etcd-client openssl mount e2fsprogs
@@ -49,6 +51,7 @@ echo "== lint"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
+cargo clippy --manifest-path client/python/Cargo.toml --features rdma -- -D warnings
 
 echo "== layout (the crates' dependency rules)"
 bash scripts/check-layout.sh
@@ -86,11 +89,17 @@ echo "== python package"
 # torch wheel (it runs without a GPU), torchdata and webdataset from the
 # package registry: no torch test skips for want of them. The tests start
 # the sluiced that cargo test built.
-rm -rf target/pybuild target/pyenv target/wheels
+# The wheel carries both builds of the native module: `_native_rdma`
+# (linked against rdma-core, installed above) beside the TCP-only
+# `_native`; the package loads the first where rdma-core's libraries load.
+rm -rf target/pybuild target/pyenv target/wheels client/python/python/sluice/_native_rdma.abi3.so
+cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
+cp client/python/target/release/lib_native.so client/python/python/sluice/_native_rdma.abi3.so
 python3 -m venv target/pybuild
 target/pybuild/bin/python -m pip install -q --upgrade pip 'maturin>=1.5,<2'
 target/pybuild/bin/maturin build -q --release --manifest-path client/python/Cargo.toml --out target/wheels
 python3 -m venv target/pyenv
 target/pyenv/bin/python -m pip install -q --upgrade pip
 target/pyenv/bin/python -m pip install -q target/wheels/sluice-*-abi3-*.whl pytest torch torchdata webdataset
-SLUICE_PYTHON_REQUIRE=1 SLUICE_BIN_DIR="$PWD/target/debug" target/pyenv/bin/python -m pytest -q client/python/tests
+SLUICE_PYTHON_REQUIRE=1 SLUICE_PYTHON_REQUIRE_RDMA=1 SLUICE_BIN_DIR="$PWD/target/debug" \
+    target/pyenv/bin/python -m pytest -q client/python/tests

@@ -42,6 +42,57 @@ fn with_stall_retry(command: &str, tag: &str) -> String {
     )
 }
 
+/// The Python package in the training guest, with its RDMA build: it
+/// loads that build (rdma-core is installed there), connects over RDMA,
+/// and reads random unaligned ranges and a `read_into` a NumPy array
+/// byte-exact.
+fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data: &[u8]) {
+    let package = rig.sluice_python().expect("the Python package with its RDMA build");
+    let (shared_here, shared) = rig.shared_dir();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e11);
+    let ranges: Vec<(usize, usize)> = (0..64)
+        .map(|_| {
+            let len = rng.gen_range(1..200_000);
+            (rng.gen_range(0..data.len() - len), len)
+        })
+        .collect();
+    let listed = ranges.iter().map(|(o, l)| format!("({o}, {l})")).collect::<Vec<_>>().join(", ");
+    let script = format!(
+        "import json, numpy, sluice\n\
+         client = sluice.connect('{endpoint}', transport='rdma', ca_file='{ca}')\n\
+         ds = client.open('tokens', token='{token}')\n\
+         got = ds.read_batch([{listed}])\n\
+         into = numpy.zeros(1 << 20, dtype=numpy.uint8)\n\
+         ds.read_into([(4097, 1 << 20)], into)\n\
+         open('{shared}/python.bin', 'wb').write(got.tobytes() + into.tobytes())\n\
+         print(json.dumps({{'module': sluice._native.__name__, 'transport': client.transport, \
+         'reason': client.transport_reason}}))\n"
+    );
+    std::fs::write(shared_here.join("python-read.py"), script).expect("write the script");
+    let out = rig
+        .exec_with(
+            Host::Training,
+            &with_stall_retry(&format!("PYTHONPATH={package} python3 {shared}/python-read.py"), "python"),
+            Duration::from_secs(240),
+        )
+        .expect("run python");
+    assert!(out.success(), "python over RDMA: {}\n{}", out.stdout, out.stderr);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("python's report ({e}): {}", out.stdout));
+    assert_eq!(report["module"], "sluice._native_rdma", "{report}");
+    assert_eq!(report["transport"], "rdma", "{report}");
+    let got = std::fs::read(shared_here.join("python.bin")).expect("python's bytes");
+    let mut expected: Vec<u8> = ranges.iter().flat_map(|&(o, l)| data[o..o + l].iter().copied()).collect();
+    expected.extend_from_slice(&data[4097..4097 + (1 << 20)]);
+    assert!(
+        got == expected,
+        "Python's RDMA reads differ from the dataset ({} bytes, {} expected)",
+        got.len(),
+        expected.len()
+    );
+    eprintln!("rig: Python read {} ranges over RDMA byte-exact ({})", ranges.len() + 1, report["reason"]);
+}
+
 /// Where the storage node serves `GET /metrics` to a scraper (loopback).
 const METRICS_PORT: u16 = 7079;
 
@@ -109,6 +160,8 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         .expect("read over rdma");
     let got = std::fs::read(shared_here.join("one.bin")).expect("read output");
     assert!(got == data[offset..offset + len], "the RDMA read differs from the dataset");
+
+    python_reads_over_rdma(&rig, &endpoint, &tls.ca, &token, &data);
 
     // Batches of 2048 random unaligned small ranges, and of 1 MiB + 1
     // ranges, every read checked against the source.

@@ -227,8 +227,24 @@ fn wds_members<'py>(py: Python<'py>, span: &[u8]) -> PyResult<Vec<(String, Strin
     Ok(members.into_iter().map(|(key, ext, data)| (key, ext, PyBytes::new(py, data))).collect())
 }
 
+/// The TCP-only build, which loads on any host.
+#[cfg(not(feature = "rdma"))]
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    add_everything(m)
+}
+
+/// The RDMA build: the same module, linked against rdma-core, so its
+/// import fails where libibverbs or librdmacm is missing (and the package
+/// then loads the TCP-only build; see `sluice/_backend.py`).
+#[cfg(feature = "rdma")]
+#[pymodule]
+fn _native_rdma(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    add_everything(m)
+}
+
+fn add_everything(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("RDMA_BUILT", cfg!(feature = "rdma"))?;
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(wds_members, m)?)?;
     m.add_class::<Dataset>()?;

@@ -25,6 +25,51 @@ impl Rig {
         Ok(path.display().to_string())
     }
 
+    /// The Python package with the RDMA build of its native module
+    /// (`cargo build --release --features rdma`, once per test process),
+    /// assembled as a directory to put on `PYTHONPATH` in a guest: the
+    /// package's sources beside `sluice/_native_rdma.abi3.so`. The guests
+    /// run this machine's `python3`, which needs NumPy (`python3-numpy`).
+    pub fn sluice_python(&self) -> Result<String, RigError> {
+        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+        let numpy = Command::new("python3").args(["-c", "import numpy"]).status();
+        if !numpy.is_ok_and(|s| s.success()) {
+            return Err(RigError::Missing(Missing("python3 with NumPy (apt-get install python3-numpy)".into())));
+        }
+        let crate_dir = workspace_root().join("client").join("python");
+        let built = BUILT.get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            Command::new(cargo)
+                .args(["build", "--release", "--features", "rdma", "--manifest-path"])
+                .arg(crate_dir.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(crate_dir.join("target"))
+                .status()
+                .map_err(|e| e.to_string())
+                .and_then(|s| if s.success() { Ok(()) } else { Err(format!("cargo build: {s}")) })
+        });
+        built.clone().map_err(|e| RigError::Command {
+            what: "building the Python module".into(),
+            status: -1,
+            stderr: e,
+        })?;
+        let package = target_dir().join("rig-python").join("sluice");
+        let copying = |e| RigError::io("assembling the Python package", e);
+        if package.exists() {
+            std::fs::remove_dir_all(&package).map_err(copying)?;
+        }
+        std::fs::create_dir_all(&package).map_err(copying)?;
+        for entry in std::fs::read_dir(crate_dir.join("python").join("sluice")).map_err(copying)? {
+            let path = entry.map_err(copying)?.path();
+            if path.extension().is_some_and(|e| e == "py") {
+                std::fs::copy(&path, package.join(path.file_name().unwrap_or_default())).map_err(copying)?;
+            }
+        }
+        let module = crate_dir.join("target").join("release").join("lib_native.so");
+        std::fs::copy(&module, package.join("_native_rdma.abi3.so")).map_err(copying)?;
+        Ok(target_dir().join("rig-python").display().to_string())
+    }
+
     /// The directory both this process and the hosts see (`/rig` in the
     /// guests): as a path here, and as the hosts name it.
     pub fn shared_dir(&self) -> (PathBuf, String) {

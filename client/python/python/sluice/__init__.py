@@ -13,33 +13,39 @@ see ``sluice.streams``). Failures raise ``SluiceError`` (an ``OSError``) or
 one of its kinds: ``AccessDenied``, ``UnknownDataset``, ``NodeUnavailable``,
 ``WrongKind``, ``StateMismatch``, ``Forked``; a bad range ``ReadFailed``
 (a ``ValueError``).
+
+Where rdma-core's libraries are installed the package uses its RDMA
+build and reads over RDMA when the node serves it and a device reaches it;
+elsewhere its TCP-only build, and ``RDMA_UNAVAILABLE`` says why (see
+``sluice._backend``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _native
+from ._backend import RDMA_UNAVAILABLE
+from ._backend import native as _native
 from ._buffers import writable_address
-from ._native import (
-    AccessDenied,
-    Forked,
-    NodeUnavailable,
-    ReadFailed,
-    SluiceError,
-    StateMismatch,
-    UnknownDataset,
-    WrongKind,
-)
+
+AccessDenied = _native.AccessDenied
+Forked = _native.Forked
+NodeUnavailable = _native.NodeUnavailable
+ReadFailed = _native.ReadFailed
+SluiceError = _native.SluiceError
+StateMismatch = _native.StateMismatch
+UnknownDataset = _native.UnknownDataset
+WrongKind = _native.WrongKind
 from .streams import Records, TokenWindows, WdsSamples, loader_position
 
 __all__ = [
     "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "loader_position",
     "SluiceError", "AccessDenied", "UnknownDataset", "NodeUnavailable", "WrongKind", "StateMismatch",
-    "ReadFailed", "Forked",
+    "ReadFailed", "Forked", "RDMA_UNAVAILABLE",
 ]
 
 _DTYPES = {1: np.uint8, 2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -105,6 +111,9 @@ class Client:
         cert_file: "str | None" = None,
         key_file: "str | None" = None,
     ):
+        asked = transport or os.environ.get("SLUICE_TRANSPORT", "auto")
+        if asked == "rdma" and RDMA_UNAVAILABLE:
+            raise SluiceError(f"RDMA unavailable: {RDMA_UNAVAILABLE}")
         self._native = _native.Client(endpoint, transport, ca_file, cert_file, key_file)
 
     @property
@@ -113,7 +122,10 @@ class Client:
 
     @property
     def transport_reason(self) -> str:
-        """Why that transport: the RDMA device used, or why not RDMA."""
+        """Why that transport: the RDMA device used, or why not RDMA
+        (with the TCP-only build, why that build: ``RDMA_UNAVAILABLE``)."""
+        if RDMA_UNAVAILABLE and self.transport == "tcp":
+            return f"the TCP-only build: {RDMA_UNAVAILABLE}"
         return self._native.transport_reason
 
     def open(self, name: str, verify_chunks: bool = False, token: "str | None" = None) -> Dataset:

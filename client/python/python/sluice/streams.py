@@ -35,7 +35,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _native, wds
+from . import wds
+from ._backend import native as _native
 from ._buffers import writable_address
 
 STATE_VERSION = 1

@@ -10,7 +10,7 @@ import io
 import json
 from typing import Any, Callable, Dict, Union
 
-from . import _native
+from ._backend import native as _native
 
 Decoder = Callable[[str, bytes], Any]
 
