@@ -1,8 +1,10 @@
 //! The node's loops in a cluster. Once a second, replication drops copies
 //! of datasets deleted elsewhere and copies the sealed datasets placed on
 //! this node from a live node that holds them, reading over the data plane
-//! with a grant it issues itself; beside it, the grant refresh picks up
-//! grants issued or revoked on other nodes.
+//! with a grant it issues itself (a source-backed dataset's copy instead
+//! fills from its source: only a `records` or `wds` dataset's sample index
+//! is fetched from a peer); beside it, the grant refresh picks up grants
+//! issued or revoked on other nodes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +72,15 @@ pub async fn run(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
             }
         };
         for job in jobs {
+            if job.source_backed && !job.needs_index {
+                let made = Arc::clone(&control);
+                match tokio::task::spawn_blocking(move || made.begin_source_replica(&job, None)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => tracing::warn!("copy of a source-backed dataset, trying again: {err}"),
+                    Err(err) => tracing::warn!("copy of a source-backed dataset, trying again: {err}"),
+                }
+                continue;
+            }
             if job.sources.is_empty() {
                 tracing::debug!(dataset = job.name, "no live node holds a complete copy to copy from");
                 continue;
@@ -116,6 +127,13 @@ async fn copy_from(
     let client = Client::connect_with(source, TransportChoice::Tcp).await.map_err(|e| e.to_string())?;
     let dataset =
         client.open_with(&job.name, OpenOptions { verify_chunks: false, token }).await.map_err(|e| e.to_string())?;
+    if job.source_backed {
+        // Its chunks fill from the source: only the sample index is copied.
+        let entries = dataset.record_index().await.map_err(|e| e.to_string())?;
+        let _ = dataset.close().await;
+        control.begin_source_replica(job, Some(&entries)).map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
     let mut target = control.begin_replica(job).map_err(|e| e.to_string())?;
     let length = target.record().length_bytes;
     if dataset.len_bytes() != length {

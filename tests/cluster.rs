@@ -11,25 +11,12 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::etcd::{cluster, live_members, path, start_etcd, start_node, start_node_with};
+use common::etcd::{cluster, live_members, path, ready_copies, start_etcd, start_node, start_node_with};
 use common::{eventually, random_file, NodeProcess};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use sluice_client::blocking::Client;
 use sluice_client::{OpenOptions, RangeStatus, ReadRange};
-
-/// The nodes holding a complete copy of `name`.
-fn ready_copies(node: &NodeProcess, name: &str) -> Vec<String> {
-    let status = cluster(node);
-    let Some(datasets) = status["datasets"].as_array() else { return Vec::new() };
-    datasets
-        .iter()
-        .filter(|d| d["name"] == name)
-        .flat_map(|d| d["copies"].as_array().cloned().unwrap_or_default())
-        .filter(|c| c["ready"] == true)
-        .filter_map(|c| c["node"].as_str().map(String::from))
-        .collect()
-}
 
 fn read_whole(dataset: &sluice_client::blocking::Dataset, expected: &[u8]) {
     let mut buf = vec![0u8; expected.len()];

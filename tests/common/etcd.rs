@@ -197,11 +197,36 @@ pub fn start_node(dir: &Path, etcd: &EtcdServer, id: &str) -> NodeProcess {
 }
 
 pub fn start_node_with(dir: &Path, etcd: &EtcdServer, id: &str, extra: &[&str]) -> NodeProcess {
+    start_node_with_env(dir, etcd, id, extra, &[])
+}
+
+/// As [`start_node_with`], with `env` in the node's environment (an
+/// object store's endpoint and credentials).
+pub fn start_node_with_env(
+    dir: &Path,
+    etcd: &EtcdServer,
+    id: &str,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> NodeProcess {
     let mut flags = etcd.node_flags("/sluice-test", id);
     flags.extend(["--node-id", id, "--replicas", "2", "--repair-after-s", "2"].map(String::from));
     flags.extend(extra.iter().map(|s| s.to_string()));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    NodeProcess::start_secure_with(&dir.join(id), &flags)
+    NodeProcess::start_secure_with_env(&dir.join(id), &flags, env)
+}
+
+/// The nodes holding a copy of `name` that serves.
+pub fn ready_copies(node: &NodeProcess, name: &str) -> Vec<String> {
+    let status = cluster(node);
+    let Some(datasets) = status["datasets"].as_array() else { return Vec::new() };
+    datasets
+        .iter()
+        .filter(|d| d["name"] == name)
+        .flat_map(|d| d["copies"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["ready"] == true)
+        .filter_map(|c| c["node"].as_str().map(String::from))
+        .collect()
 }
 
 /// The node's `/v1/cluster` report (`null` if it did not answer).

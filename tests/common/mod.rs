@@ -48,6 +48,12 @@ impl NodeProcess {
         Self::spawn(data_dir, extra)
     }
 
+    /// A node that checks access, with more flags and `env` in its
+    /// environment.
+    pub fn start_secure_with_env(data_dir: &Path, extra: &[&str], env: &[(String, String)]) -> Self {
+        Self::spawn_env(data_dir, extra, Stdio::inherit(), None, env)
+    }
+
     /// A node that checks access, its log (stderr) written to `log`.
     pub fn start_secure_logged(data_dir: &Path, extra: &[&str], log: &Path) -> Self {
         let file = std::fs::File::create(log).expect("log file");

@@ -8,6 +8,13 @@
 //! chunk against the catalog's checksums and the whole against the content
 //! hash before they announce their copy ready. Sealed datasets never
 //! change, so a copy is complete or absent, never stale.
+//!
+//! A source-backed dataset is placed the same way, but its copies hold no
+//! bytes to copy: each placed node's copy is a cache of the source of its
+//! own, announced ready as soon as its namespace is made (with the sample
+//! index of a `records` or `wds` dataset, taken from a node whose copy
+//! serves), and its chunks fill from the source on first read or warm, as
+//! on the node that created it. No node fetches a chunk from a peer.
 
 use std::time::Duration;
 
@@ -40,8 +47,13 @@ pub enum CatalogChoice {
 pub struct ReplicaJob {
     pub name: String,
     pub dataset_id: u64,
-    /// Control endpoints of live nodes holding a complete copy.
+    /// Control endpoints of live nodes holding a complete copy (of a
+    /// source-backed dataset: a copy that serves).
     pub sources: Vec<String>,
+    /// Its copy fills from the dataset's source ([`ControlPlane::begin_source_replica`]).
+    pub source_backed: bool,
+    /// The sample index must come from one of `sources` first.
+    pub needs_index: bool,
 }
 
 /// A copy being written: sequential pieces, each chunk checked as it lands.
@@ -312,7 +324,9 @@ impl ControlPlane {
                 .filter_map(|r| members.iter().find(|m| m.node == r.node))
                 .map(|m| m.control_endpoint.clone())
                 .collect();
-            jobs.push(ReplicaJob { name: record.name, dataset_id: record.id, sources });
+            let source_backed = record.source.is_some();
+            let needs_index = record.kind.has_records() && record.record_size_bytes.is_none();
+            jobs.push(ReplicaJob { name: record.name, dataset_id: record.id, sources, source_backed, needs_index });
         }
         Ok(jobs)
     }
@@ -346,6 +360,32 @@ impl ControlPlane {
         })
     }
 
+    /// Makes this node's copy of a source-backed dataset: a namespace of
+    /// its length and, for a `records` or `wds` dataset, the sample index
+    /// (`index`, from a node whose copy serves); then the copy is announced
+    /// ready. Its chunks fill from the source on first read.
+    pub fn begin_source_replica(&self, job: &ReplicaJob, index: Option<&[(u64, u64)]>) -> Result<(), ControlError> {
+        let target = self.begin_replica(job)?;
+        let record = target.record();
+        if record.source.is_none() {
+            return Err(ControlError::Cluster(format!("{} is not source-backed", job.name)));
+        }
+        let ns = self.namespace(record)?;
+        ns.truncate(record.namespace.base_offset_bytes + record.length_bytes)
+            .and_then(|()| ns.sync())
+            .map_err(|e| self.ns_error(record, e))?;
+        match index {
+            Some(entries) => target.write_index(entries)?,
+            None if job.needs_index => {
+                return Err(ControlError::Cluster(format!("copy of {}: its sample index is needed first", job.name)));
+            }
+            None => {}
+        }
+        self.cluster()?.put_replica(record, true)?;
+        tracing::info!(dataset = job.name, "copy of a source-backed dataset ready; its chunks fill from the source");
+        Ok(())
+    }
+
     /// Drops this node's copies of datasets deleted (or re-created) on
     /// other nodes: detaches them, releases their namespaces, forgets them.
     pub async fn reap_replicas(&self) -> Result<usize, ControlError> {
@@ -370,6 +410,7 @@ impl ControlPlane {
             let mut gone =
                 crate::catalog::new_record(replica.dataset_id, &name, DatasetKind::Bytes, 0, replica.namespace);
             gone.length_bytes = replica.length_bytes;
+            self.forget_cache(&gone);
             self.remove_namespace(&gone);
             cluster.remove_replica(&name)?;
             tracing::info!(dataset = name, "dropped the copy of a dataset deleted elsewhere");

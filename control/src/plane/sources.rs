@@ -74,12 +74,6 @@ impl ControlPlane {
         record_size: Option<u64>,
         spec: SourceSpec,
     ) -> Result<DatasetRecord, ControlError> {
-        if self.cluster.is_some() {
-            return Err(ControlError::Cluster(
-                "source-backed datasets are served by a single node: create it on a node without a cluster catalog"
-                    .into(),
-            ));
-        }
         if spec.urls.is_empty() {
             return Err(ControlError::Source("a source-backed dataset needs at least one URL".into()));
         }
@@ -183,28 +177,42 @@ impl ControlPlane {
         Some(Arc::new(CacheReader(cache)))
     }
 
-    /// Drops a dataset's cache (at delete; its files go with the
-    /// namespace).
+    /// Drops a dataset's cache (at delete, or when a copy of a dataset
+    /// deleted elsewhere is dropped; its files go with the namespace).
     pub(super) fn forget_cache(&self, record: &DatasetRecord) {
-        if let Some(cache) = self.caches.lock().ok().and_then(|mut c| c.remove(&record.name)) {
+        let Ok(mut caches) = self.caches.lock() else { return };
+        if caches.get(&record.name).is_none_or(|c| c.dataset_id != record.id) {
+            return;
+        }
+        if let Some(cache) = caches.remove(&record.name) {
+            drop(caches);
             cache.close();
             self.sources().budget().forget(&cache);
         }
+    }
+
+    /// Whether this node's copy of `record` is hydrated: its content hash
+    /// is taken (by this node or, in a cluster, another) and every chunk
+    /// is here.
+    fn hydrated_here(record: &DatasetRecord, cache: &ChunkCache) -> bool {
+        record.content_hash.is_some() && cache.chunks_present() == cache.chunks_total()
     }
 
     /// How much of `name` is on the node.
     pub async fn cache_report(&self, name: &str) -> Result<CacheReport, ControlError> {
         let record = self.catalog.require(name)?;
         let cache = self.cache_for(&record)?;
-        Ok(cache.report(record.content_hash.is_some()))
+        Ok(cache.report(Self::hydrated_here(&record, &cache)))
     }
 
     /// The cache of every source-backed dataset, in name order
     /// (`GET /v1/caches`, what `sluicectl top` shows).
     pub fn cache_reports(&self) -> Result<Vec<CacheReport>, ControlError> {
         let mut reports = Vec::new();
-        for record in self.catalog.list()?.into_iter().filter(|r| r.source.is_some()) {
-            reports.push(self.cache_for(&record)?.report(record.content_hash.is_some()));
+        for record in self.catalog.list()?.into_iter().filter(|r| r.source.is_some() && r.namespace.kind != REMOTE_KIND)
+        {
+            let cache = self.cache_for(&record)?;
+            reports.push(cache.report(Self::hydrated_here(&record, &cache)));
         }
         reports.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(reports)
@@ -217,7 +225,7 @@ impl ControlPlane {
         let (_, _) = self.open_for_read(name).await?;
         let mut record = self.catalog.require(name)?;
         let cache = self.cache_for(&record)?;
-        let hydrated = record.content_hash.is_some();
+        let hydrated = Self::hydrated_here(&record, &cache);
         let budget = self.sources().budget().max_bytes();
         if budget != 0 && record.length_bytes > budget {
             return Err(ControlError::Source(format!(
@@ -291,7 +299,7 @@ impl ControlPlane {
         }
         let cache = self.cache_for(&record)?;
         cache.pinned.store(pinned, Ordering::Relaxed);
-        Ok(cache.report(record.content_hash.is_some()))
+        Ok(cache.report(Self::hydrated_here(&record, &cache)))
     }
 
     /// At start: opens every source-backed dataset's cache (so the budget
@@ -299,10 +307,12 @@ impl ControlPlane {
     /// interrupted.
     pub async fn resume_warms(self: &Arc<Self>) -> Result<(), ControlError> {
         for record in self.catalog.list()? {
-            if record.source.is_some() && record.state == DatasetState::Sealed {
-                self.cache_for(&record)?;
+            // In a cluster, only the datasets with a copy on this node.
+            if record.source.is_none() || record.state != DatasetState::Sealed || record.namespace.kind == REMOTE_KIND {
+                continue;
             }
-            if record.source.as_ref().is_some_and(|s| s.warm_requested) && record.content_hash.is_none() {
+            let cache = self.cache_for(&record)?;
+            if record.source.as_ref().is_some_and(|s| s.warm_requested) && !Self::hydrated_here(&record, &cache) {
                 tracing::info!(dataset = record.name, "going on with an interrupted warm");
                 self.warm(&record.name, 4).await?;
             }
@@ -346,7 +356,16 @@ impl ControlPlane {
             hasher.update(piece);
             at += len as u64;
         }
-        record.content_hash = Some(format!("blake3:{}", hasher.finalize().to_hex()));
+        let hash = format!("blake3:{}", hasher.finalize().to_hex());
+        if record.content_hash.as_ref().is_some_and(|h| *h != hash) {
+            // Another node's copy hydrated first: the same pinned objects
+            // must give the same bytes.
+            return Err(ControlError::Source(format!(
+                "{name}: this node's copy hashes as {hash}, the catalog's as {:?}",
+                record.content_hash
+            )));
+        }
+        record.content_hash = Some(hash);
         if let Some(source) = record.source.as_mut() {
             source.warm_requested = false;
         }

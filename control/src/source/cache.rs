@@ -88,6 +88,9 @@ pub(super) struct CacheStats {
 /// A source-backed dataset's chunks: present or not, and how to fill them.
 pub struct ChunkCache {
     name: String,
+    /// The dataset it caches (a dataset deleted and made again under the
+    /// same name is another).
+    pub(crate) dataset_id: u64,
     length_bytes: u64,
     base_offset_bytes: u64,
     namespace: Arc<dyn Namespace>,
@@ -186,6 +189,7 @@ impl ChunkCache {
         assert_eq!(at, length_bytes, "objects out of step with the dataset's length");
         Ok(Self {
             name: name.to_string(),
+            dataset_id,
             length_bytes,
             base_offset_bytes,
             namespace,
