@@ -117,4 +117,9 @@ impl Dataset {
     pub fn read_into(&self, ranges: &[ReadRange], buf: &mut ReadBuffer) -> Result<Vec<RangeStatus>, ClientError> {
         self.runtime.block_on(self.inner.read_into(ranges, buf))
     }
+
+    /// See [`crate::Dataset::record_index`].
+    pub fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
+        self.runtime.block_on(self.inner.record_index())
+    }
 }
