@@ -18,5 +18,7 @@ mod rig;
 mod tls;
 
 pub use prereq::{require, Missing};
-pub use rig::{Host, NvmeController, Rig, RigBuilder, RigError, RigOutput, SLUICE_CONTROL_PORT, SLUICE_DATA_PORT};
+pub use rig::{
+    Host, NvmeController, Rig, RigBuilder, RigError, RigOutput, GUEST_PYTHON, SLUICE_CONTROL_PORT, SLUICE_DATA_PORT,
+};
 pub use tls::RigTls;

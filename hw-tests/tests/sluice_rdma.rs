@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hw_tests::{require, Host, Rig, SLUICE_CONTROL_PORT as CONTROL_PORT};
+use hw_tests::{require, Host, Rig, GUEST_PYTHON, SLUICE_CONTROL_PORT as CONTROL_PORT};
 use rand::{Rng, SeedableRng};
 
 const DATASET_BYTES: usize = 32 << 20;
@@ -72,7 +72,7 @@ fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data
     let out = rig
         .exec_with(
             Host::Training,
-            &with_stall_retry(&format!("PYTHONPATH={package} python3 {shared}/python-read.py"), "python"),
+            &with_stall_retry(&format!("PYTHONPATH={package} {GUEST_PYTHON} {shared}/python-read.py"), "python"),
             Duration::from_secs(240),
         )
         .expect("run python");

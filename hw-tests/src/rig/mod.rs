@@ -14,6 +14,7 @@ use crate::{initramfs, kernel};
 
 mod boot;
 mod sluice;
+pub use sluice::GUEST_PYTHON;
 
 /// Ports `Rig::start_sluiced` gives the node's data plane and control API.
 pub const SLUICE_DATA_PORT: u16 = 7071;

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// The Python the guests run: Debian's, by its path. The guests share this
+/// machine's root but not its login environment, so a `python3` that a
+/// version manager (pyenv) puts first on this `PATH` is not theirs, and
+/// NumPy is checked here in the interpreter they will run.
+pub const GUEST_PYTHON: &str = "/usr/bin/python3";
+
 impl Rig {
     /// A release binary of the sluice workspace (built once per test
     /// process), at a path every guest sees too: the host's root is theirs.
@@ -29,12 +35,15 @@ impl Rig {
     /// (`cargo build --release --features rdma`, once per test process),
     /// assembled as a directory to put on `PYTHONPATH` in a guest: the
     /// package's sources beside `sluice/_native_rdma.abi3.so`. The guests
-    /// run this machine's `python3`, which needs NumPy (`python3-numpy`).
+    /// run this machine's Debian `python3` ([`GUEST_PYTHON`]), which needs
+    /// NumPy (`python3-numpy`).
     pub fn sluice_python(&self) -> Result<String, RigError> {
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-        let numpy = Command::new("python3").args(["-c", "import numpy"]).status();
+        let numpy = Command::new(GUEST_PYTHON).args(["-c", "import numpy"]).status();
         if !numpy.is_ok_and(|s| s.success()) {
-            return Err(RigError::Missing(Missing("python3 with NumPy (apt-get install python3-numpy)".into())));
+            return Err(RigError::Missing(Missing(format!(
+                "{GUEST_PYTHON} with NumPy (apt-get install python3 python3-numpy)"
+            ))));
         }
         let crate_dir = workspace_root().join("client").join("python");
         let built = BUILT.get_or_init(|| {
