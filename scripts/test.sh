@@ -68,6 +68,12 @@ echo "== tests"
 # the source tests when moto is.
 SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
+echo "== the Python module's RDMA build (the rig's Python test and the wheel use it)"
+# Built here, before the guests boot, so the rig test that runs it from
+# Python over soft-RoCE finds it made instead of building it while its
+# guests wait.
+cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
+
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.
 SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
@@ -93,7 +99,6 @@ echo "== python package"
 # (linked against rdma-core, installed above) beside the TCP-only
 # `_native`; the package loads the first where rdma-core's libraries load.
 rm -rf target/pybuild target/pyenv target/wheels client/python/python/sluice/_native_rdma.abi3.so
-cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
 cp client/python/target/release/lib_native.so client/python/python/sluice/_native_rdma.abi3.so
 python3 -m venv target/pybuild
 target/pybuild/bin/python -m pip install -q --upgrade pip 'maturin>=1.5,<2'
