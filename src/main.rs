@@ -194,7 +194,7 @@ async fn check_windows(
     if statuses.iter().any(|s| *s != RangeStatus::Ok) {
         return Err(format!("a window failed: {statuses:?}"));
     }
-    if namespace.kind == "file" {
+    if namespace.kind == sluice_proto::api::NamespaceKind::File {
         let file = std::fs::File::open(&namespace.path).map_err(|e| e.to_string())?;
         let mut expected = vec![0u8; window_bytes as usize];
         for range in &ranges {

@@ -7,14 +7,14 @@ mod common;
 
 use common::etcd::{live_members, path, start_etcd};
 use common::{eventually, random_file, NodeProcess};
-use sluice_control::catalog::{CatalogError, CatalogStore, DatasetState, NamespaceRecord};
-use sluice_control::cluster::{EtcdCatalog, REMOTE_KIND};
+use sluice_control::catalog::{CatalogError, CatalogStore, DatasetState, NamespaceKind, NamespaceRecord};
+use sluice_control::cluster::EtcdCatalog;
 use sluice_control::etcd::{Etcd, EtcdAccess};
 use sluice_control::grants::GrantRecord;
 use sluice_control::{Catalog, DatasetKind};
 
 fn file_namespace(id: u64) -> NamespaceRecord {
-    NamespaceRecord::new("file", format!("ns/{id}"), "test")
+    NamespaceRecord::new(NamespaceKind::File, format!("ns/{id}"), "test")
 }
 
 fn grant(id: u64) -> GrantRecord {
@@ -91,7 +91,7 @@ fn both_catalog_stores_keep_one_contract() {
     let n2 = EtcdCatalog::connect_with(&etcd.endpoint, &etcd.access("/contract", "n2"), "/contract", "n2")
         .expect("etcd as n2");
     let seen = n2.require("b").expect("n2 sees b");
-    assert_eq!(seen.namespace.kind, REMOTE_KIND, "n1's namespace is n1's alone");
+    assert_eq!(seen.namespace.kind, NamespaceKind::Remote, "n1's namespace is n1's alone");
     assert_eq!(n2.list().expect("list").len(), 2);
     assert!(n2.describe().contains("node n2"), "{}", n2.describe());
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::grants::{GrantRecord, GRANTS_MAX};
-pub use sluice_proto::api::{DatasetKind, DatasetRecord, DatasetState, NamespaceRecord};
+pub use sluice_proto::api::{DatasetKind, DatasetRecord, DatasetState, NamespaceKind, NamespaceRecord};
 
 const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
 /// Per dataset id: CRC32C of each 64 KiB chunk, little-endian u32s; the last
@@ -334,7 +334,7 @@ mod tests {
     use super::*;
 
     fn file_ns(id: u64) -> NamespaceRecord {
-        NamespaceRecord::new("file", format!("ns/{id}"), "test")
+        NamespaceRecord::new(NamespaceKind::File, format!("ns/{id}"), "test")
     }
 
     /// Records and checksums persist across reopening the store.

@@ -25,8 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{
-    crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, NamespaceRecord,
-    DATASETS_MAX,
+    crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, NamespaceKind,
+    NamespaceRecord, DATASETS_MAX,
 };
 use crate::etcd::{Compare, Etcd, EtcdAccess, Op};
 use crate::grants::{GrantRecord, GRANTS_MAX};
@@ -41,8 +41,6 @@ const CAS_TRIES: usize = 32;
 pub const MEMBERS_MAX: usize = 1024;
 /// Longest node id.
 pub const NODE_ID_BYTES_MAX: usize = 64;
-/// The namespace kind of a dataset this node holds no copy of.
-pub const REMOTE_KIND: &str = "remote";
 
 /// One node's copy of a dataset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -265,7 +263,7 @@ impl EtcdCatalog {
 
 /// The namespace of a dataset this node holds no copy of.
 pub fn remote_namespace() -> NamespaceRecord {
-    NamespaceRecord::new(REMOTE_KIND, "", "held by other nodes of the cluster")
+    NamespaceRecord::new(NamespaceKind::Remote, "", "held by other nodes of the cluster")
 }
 
 /// This node's membership; leaves the cluster (revokes the lease) on drop.
@@ -369,7 +367,7 @@ impl CatalogStore for EtcdCatalog {
             key: key.clone(),
             value: serde_json::to_vec(&Self::shared(record)).map_err(|e| record_error(&record.name, e))?,
         }];
-        if record.namespace.kind != REMOTE_KIND {
+        if record.namespace.kind != NamespaceKind::Remote {
             ops.push(self.own_replica_op(record, record.state == crate::catalog::DatasetState::Sealed)?);
         }
         if let Some(crcs) = chunk_crcs {

@@ -16,6 +16,12 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sluice_dataplane::nvme_spec::{
+    self as spec, ControllerInfo, NamespaceInfo, CNS_ACTIVE_NSIDS, CNS_ALLOCATED_NAMESPACE, CNS_ALLOCATED_NSIDS,
+    CNS_CONTROLLER, CNS_NAMESPACE, NSID_ALL, NS_ATTACH, NS_DETACH, NS_MANAGEMENT_CREATE, NS_MANAGEMENT_DELETE,
+    OPCODE_IDENTIFY, OPCODE_NS_ATTACHMENT, OPCODE_NS_MANAGEMENT, PAGE_BYTES,
+};
+
 use crate::claim::HeldDevice;
 
 /// `struct nvme_passthru_cmd` from `<linux/nvme_ioctl.h>` (72 bytes).
@@ -46,23 +52,6 @@ const _: () = assert!(std::mem::size_of::<PassthruCmd>() == 72);
 
 nix::ioctl_readwrite!(nvme_admin_cmd, b'N', 0x41, PassthruCmd);
 nix::ioctl_none!(nvme_rescan, b'N', 0x46);
-
-const OPCODE_IDENTIFY: u8 = 0x06;
-const OPCODE_NS_ATTACHMENT: u8 = 0x15;
-const OPCODE_NS_MANAGEMENT: u8 = 0x0d;
-const NS_MANAGEMENT_CREATE: u32 = 0;
-const NS_MANAGEMENT_DELETE: u32 = 1;
-/// Identify Controller OACS bit 3: Namespace Management and Attachment.
-const OACS_NS_MANAGEMENT: u16 = 1 << 3;
-/// The NSID that names every namespace (Identify: common capabilities).
-const NSID_ALL: u32 = 0xffff_ffff;
-const CNS_NAMESPACE: u32 = 0x00;
-const CNS_CONTROLLER: u32 = 0x01;
-const CNS_ACTIVE_NSIDS: u32 = 0x02;
-const CNS_ALLOCATED_NSIDS: u32 = 0x10;
-/// Identify Namespace of an allocated NSID, attached here or not.
-const CNS_ALLOCATED_NAMESPACE: u32 = 0x11;
-const PAGE_BYTES: usize = 4096;
 
 /// A controller's admin queue, through its character device.
 pub struct Controller {
@@ -102,17 +91,23 @@ impl Controller {
         Ok(page)
     }
 
+    fn controller_info(&self) -> io::Result<ControllerInfo> {
+        ControllerInfo::parse(&self.identify(CNS_CONTROLLER, 0)?[..]).map_err(io::Error::other)
+    }
+
+    fn namespace_info(&self, nsid: u32) -> io::Result<NamespaceInfo> {
+        NamespaceInfo::parse(&self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?[..]).map_err(io::Error::other)
+    }
+
     /// This controller's id (CNTLID), which attachment names.
     pub fn controller_id(&self) -> io::Result<u16> {
-        let page = self.identify(CNS_CONTROLLER, 0)?;
-        Ok(u16::from_le_bytes([page[78], page[79]]))
+        Ok(self.controller_info()?.controller_id)
     }
 
     /// Whether the controller supports Namespace Management (OACS bit 3).
     /// Some advertise it and still refuse create: callers fall back.
     pub fn manages_namespaces(&self) -> io::Result<bool> {
-        let page = self.identify(CNS_CONTROLLER, 0)?;
-        Ok(u16::from_le_bytes([page[256], page[257]]) & OACS_NS_MANAGEMENT != 0)
+        Ok(self.controller_info()?.manages_namespaces)
     }
 
     /// Creates a namespace of at least `bytes` in LBA format 0, private to
@@ -121,17 +116,9 @@ impl Controller {
     pub fn create_namespace(&self, bytes: u64) -> io::Result<u32> {
         // Format 0's block size from the common namespace capabilities;
         // 512 B when the controller does not report them.
-        let block_bytes = match self.identify(CNS_NAMESPACE, NSID_ALL) {
-            Ok(page) => match page[128 + 2] {
-                lbads @ 9..=16 => 1u64 << lbads,
-                _ => 512,
-            },
-            Err(_) => 512,
-        };
-        let blocks = bytes.max(1).div_ceil(block_bytes);
-        let mut page = Box::new([0u8; PAGE_BYTES]);
-        page[0..8].copy_from_slice(&blocks.to_le_bytes()); // NSZE
-        page[8..16].copy_from_slice(&blocks.to_le_bytes()); // NCAP
+        let common = self.identify(CNS_NAMESPACE, NSID_ALL).ok();
+        let block_bytes = spec::format0_block_bytes(common.as_deref().map(|p| &p[..]));
+        let mut page = spec::create_namespace_page(bytes, block_bytes);
         let mut cmd =
             PassthruCmd { opcode: OPCODE_NS_MANAGEMENT, cdw10: NS_MANAGEMENT_CREATE, ..PassthruCmd::default() };
         let nsid = self.admin(&mut cmd, &mut page)?;
@@ -152,11 +139,7 @@ impl Controller {
 
     fn nsid_list(&self, cns: u32) -> io::Result<Vec<u32>> {
         let page = self.identify(cns, 0)?;
-        Ok(page
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .take_while(|nsid| *nsid != 0)
-            .collect())
+        spec::nsid_list(&page[..]).map_err(|e| io::Error::other(format!("{}: {e}", self.path.display())))
     }
 
     /// Every namespace of the subsystem this controller can attach: its
@@ -165,12 +148,12 @@ impl Controller {
         let active = self.nsid_list(CNS_ACTIVE_NSIDS)?;
         let mut out = Vec::new();
         for nsid in self.nsid_list(CNS_ALLOCATED_NSIDS)? {
-            let page = self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?;
+            let info = self.namespace_info(nsid)?;
             out.push(PoolNamespace {
                 nsid,
                 attached: active.contains(&nsid),
-                capacity_bytes: namespace_bytes(&page),
-                shared: namespace_shared(&page),
+                capacity_bytes: info.capacity_bytes(),
+                shared: info.shared,
             });
         }
         Ok(out)
@@ -178,12 +161,9 @@ impl Controller {
 
     fn attachment(&self, nsid: u32, detach: bool) -> io::Result<()> {
         let cntlid = self.controller_id()?;
-        let mut page = Box::new([0u8; PAGE_BYTES]);
-        // Controller list: count, then ids.
-        page[0..2].copy_from_slice(&1u16.to_le_bytes());
-        page[2..4].copy_from_slice(&cntlid.to_le_bytes());
-        let mut cmd =
-            PassthruCmd { opcode: OPCODE_NS_ATTACHMENT, nsid, cdw10: u32::from(detach), ..PassthruCmd::default() };
+        let mut page = spec::controller_list_page(cntlid);
+        let select = if detach { NS_DETACH } else { NS_ATTACH };
+        let mut cmd = PassthruCmd { opcode: OPCODE_NS_ATTACHMENT, nsid, cdw10: select, ..PassthruCmd::default() };
         self.admin(&mut cmd, &mut page)?;
         // SAFETY: NVME_IOCTL_RESCAN takes no argument; the descriptor is an
         // open NVMe controller character device.
@@ -216,7 +196,7 @@ impl Controller {
     /// delete the wrong one; where it reports neither (all zeros), only the
     /// NSID and the attach ledger tell them apart.
     pub fn namespace_identity(&self, nsid: u32) -> io::Result<String> {
-        Ok(namespace_identity(&*self.identify(CNS_ALLOCATED_NAMESPACE, nsid)?))
+        Ok(self.namespace_info(nsid)?.identity())
     }
 
     /// Detaches `nsid` from this controller; it returns to the pool.
@@ -326,32 +306,7 @@ pub struct PoolNamespace {
     pub shared: bool,
 }
 
-/// A namespace's size from its Identify Namespace page: NSZE blocks of the
-/// LBA format FLBAS names (its LBADS is log2 of the block size).
-fn namespace_bytes(page: &[u8; PAGE_BYTES]) -> u64 {
-    let nsze = u64::from_le_bytes(page[0..8].try_into().unwrap_or([0; 8]));
-    let format = usize::from(page[26] & 0x0f);
-    let lbads = u32::from(page[128 + 4 * format + 2]);
-    if !(9..=16).contains(&lbads) {
-        return 0;
-    }
-    nsze.saturating_mul(1 << lbads)
-}
-
-/// Identify Namespace NMIC (byte 30) bit 0: a shared namespace.
-fn namespace_shared(page: &[u8; PAGE_BYTES]) -> bool {
-    page[30] & 1 != 0
-}
-
-/// An identity of all zeros: the controller reports no NGUID or EUI64.
-pub fn identity_is_blank(identity: &str) -> bool {
-    identity.bytes().all(|b| b == b'0' || b == b'-')
-}
-
-/// Identify Namespace NGUID (bytes 104..120) and EUI64 (120..128) as hex.
-fn namespace_identity(page: &[u8; PAGE_BYTES]) -> String {
-    format!("{}-{}", crate::hex::encode(&page[104..120]), crate::hex::encode(&page[120..128]))
-}
+pub use spec::identity_is_blank;
 
 /// `CONTROLLER:NSID`, how a dataset's record remembers a namespace the
 /// allocator attached (so delete detaches it again).
@@ -375,37 +330,6 @@ mod tests {
         assert_eq!(parse_attachment_label(&label), Some((PathBuf::from("/dev/nvme0"), 7)));
         assert_eq!(parse_attachment_label("/dev/nvme0"), None);
         assert_eq!(parse_attachment_label("/dev/nvme0:x"), None);
-    }
-
-    /// 16384 blocks of format 1 (4 KiB: LBADS 12) is 64 MiB; a page that
-    /// names no valid block size gives 0, not a wrong number.
-    #[test]
-    fn namespace_size_from_identify() {
-        let mut page = Box::new([0u8; PAGE_BYTES]);
-        page[0..8].copy_from_slice(&16384u64.to_le_bytes());
-        page[26] = 1;
-        page[128 + 2] = 9;
-        page[132 + 2] = 12;
-        assert_eq!(namespace_bytes(&page), 64 << 20);
-        page[26] = 0;
-        assert_eq!(namespace_bytes(&page), 16384 * 512);
-        page[128 + 2] = 0;
-        assert_eq!(namespace_bytes(&page), 0);
-    }
-
-    /// NMIC and the identifiers sit where NVMe 1.4 figure 245 puts them.
-    #[test]
-    fn sharing_and_identity_from_identify() {
-        let mut page = Box::new([0u8; PAGE_BYTES]);
-        assert!(!namespace_shared(&page));
-        assert_eq!(namespace_identity(&page), format!("{}-{}", "00".repeat(16), "00".repeat(8)));
-        assert!(identity_is_blank(&namespace_identity(&page)));
-        page[30] = 1;
-        page[104] = 0xab;
-        page[127] = 0x01;
-        assert!(namespace_shared(&page));
-        assert_eq!(namespace_identity(&page), format!("ab{}-{}01", "00".repeat(15), "00".repeat(7)));
-        assert!(!identity_is_blank(&namespace_identity(&page)));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod dataset;
 pub mod dma;
 pub mod driver;
 pub mod engine;
+pub mod nvme_spec;
 pub mod plan;
 pub mod probe;
 pub mod steer;

@@ -63,12 +63,13 @@ impl ControlPlane {
     /// recorded, so two creates, or a create and a copy, never pick the
     /// same namespace.
     pub(super) fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
-        let file =
-            |reason: String| NamespaceRecord::new("file", self.file_namespace_path(id).display().to_string(), reason);
+        let file = |reason: String| {
+            NamespaceRecord::new(NamespaceKind::File, self.file_namespace_path(id).display().to_string(), reason)
+        };
         match self.driver.kind() {
             DriverKind::Mem => {
                 return NamespaceRecord::new(
-                    "mem",
+                    NamespaceKind::Mem,
                     format!("mem:{id}"),
                     "memory driver: a namespace in RAM, gone at restart",
                 )
@@ -96,7 +97,7 @@ impl ControlPlane {
             .collect();
         if let Some((device, capacity_bytes)) = best_fit(&free, size_hint) {
             return NamespaceRecord::new(
-                "device",
+                NamespaceKind::Device,
                 device.display().to_string(),
                 format!(
                     "a whole NVMe namespace: {} of {capacity_bytes} bytes ({} of {} namespace devices were free{})",
@@ -171,7 +172,7 @@ impl ControlPlane {
             detached.len(),
             hint_words(size_hint),
         );
-        Ok(NamespaceRecord::new("device", device.display().to_string(), reason)
+        Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), reason)
             .attached_as(crate::nvme::attachment_label(path, nsid), false))
     }
 
@@ -194,7 +195,7 @@ impl ControlPlane {
             "a whole NVMe namespace created for it: namespace {nsid} of {}, {bytes} bytes asked",
             path.display()
         );
-        Ok(NamespaceRecord::new("device", device.display().to_string(), reason)
+        Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), reason)
             .attached_as(crate::nvme::attachment_label(path, nsid), true))
     }
 

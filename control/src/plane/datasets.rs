@@ -147,7 +147,7 @@ impl ControlPlane {
         let mut record =
             self.catalog.create(name, kind, now_unix_ms(), &mut |id| self.allocate_namespace(id, size_hint))?;
         drop(allocating);
-        if record.namespace.kind == user_space::UNPLACED_KIND {
+        if record.namespace.kind == NamespaceKind::Unplaced {
             self.catalog.remove(&record)?;
             return Err(ControlError::Namespace { name: name.into(), message: record.namespace.reason });
         }
@@ -183,7 +183,7 @@ impl ControlPlane {
     pub fn begin_ingest(&self, name: &str, format: IngestFormat) -> Result<IngestSession<'_>, ControlError> {
         let guard = self.busy(name)?;
         let record = self.catalog.require(name)?;
-        if record.namespace.kind == REMOTE_KIND {
+        if record.namespace.kind == NamespaceKind::Remote {
             return Err(ControlError::Cluster(format!(
                 "{name} was created on node {}: ingest it there",
                 record.placement.first().map(String::as_str).unwrap_or("another node")

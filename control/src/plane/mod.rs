@@ -15,9 +15,11 @@ use sluice_serve::metrics::DatasetCounters;
 use sluice_serve::{DatasetResolver, OpenError, Opened};
 
 use crate::auth::AccessPolicy;
-use crate::catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
+use crate::catalog::{
+    Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceKind, NamespaceRecord,
+};
 use crate::checksums::ChecksumFiles;
-use crate::cluster::{EtcdCatalog, Membership, REMOTE_KIND};
+use crate::cluster::{EtcdCatalog, Membership};
 use crate::grants::{self, GrantRecord, GrantView};
 use crate::index::IndexFile;
 use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};

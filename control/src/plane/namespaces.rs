@@ -10,16 +10,18 @@ impl ControlPlane {
             return Ok(Arc::clone(ns));
         }
         self.check_owned(record.id, &record.namespace)?;
-        let spec = match record.namespace.kind.as_str() {
-            "file" => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
-            "device" => self.device_spec(&record.namespace).map_err(|e| self.ns_error(record, e))?,
-            user_space::NVME_KIND => {
+        let spec = match &record.namespace.kind {
+            NamespaceKind::File => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
+            NamespaceKind::Device => self.device_spec(&record.namespace).map_err(|e| self.ns_error(record, e))?,
+            NamespaceKind::Nvme => {
                 let (controller, nsid) = user_space::parse_nvme_path(&record.namespace.path)
                     .ok_or_else(|| self.ns_error(record, "an nvme namespace path is PCI_ADDRESS/NSID"))?;
                 NamespaceSpec::Nvme { controller, nsid }
             }
-            "mem" => NamespaceSpec::Mem,
-            other => return Err(self.ns_error(record, format!("unknown namespace kind {other}"))),
+            NamespaceKind::Mem => NamespaceSpec::Mem,
+            other @ (NamespaceKind::Remote | NamespaceKind::Unplaced | NamespaceKind::Other(_)) => {
+                return Err(self.ns_error(record, format!("namespace kind {other} holds no bytes on this node")))
+            }
         };
         let ns = self.driver.open_namespace(&spec).map_err(|e| self.ns_error(record, e))?;
         namespaces.insert(record.id, Arc::clone(&ns));
@@ -69,12 +71,12 @@ impl ControlPlane {
         if self.check_owned(record.id, &record.namespace).is_err() {
             return;
         }
-        if record.namespace.kind == "device" || record.namespace.kind == user_space::NVME_KIND {
+        if matches!(record.namespace.kind, NamespaceKind::Device | NamespaceKind::Nvme) {
             // The device goes back to the pool; tell it the bytes are free,
             // and no more than the dataset used.
             let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
             let spec = match user_space::parse_nvme_path(&record.namespace.path) {
-                Some((controller, nsid)) if record.namespace.kind == user_space::NVME_KIND => {
+                Some((controller, nsid)) if record.namespace.kind == NamespaceKind::Nvme => {
                     Ok(NamespaceSpec::Nvme { controller, nsid })
                 }
                 _ => self.device_spec(&record.namespace),
@@ -88,12 +90,12 @@ impl ControlPlane {
                 Err(err) => tracing::warn!("releasing {}: {err}", record.namespace.path),
             }
         }
-        if record.namespace.kind == user_space::NVME_KIND {
+        if record.namespace.kind == NamespaceKind::Nvme {
             self.release_user_space(record);
         } else if let Some(label) = record.namespace.attached.as_deref() {
             self.detach_recorded(label);
         }
-        if record.namespace.kind == "file" {
+        if record.namespace.kind == NamespaceKind::File {
             if let Err(err) = std::fs::remove_file(&record.namespace.path) {
                 if err.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!("removing {}: {err}", record.namespace.path);

@@ -15,7 +15,7 @@ impl ControlPlane {
                     self.catalog.remove(record)?;
                     continue;
                 }
-                DatasetState::Ingesting | DatasetState::Creating if record.namespace.kind == "file" => {
+                DatasetState::Ingesting | DatasetState::Creating if record.namespace.kind == NamespaceKind::File => {
                     // Bytes past the committed length belong to an ingest
                     // that never finished.
                     let ns = self.namespace(record)?;

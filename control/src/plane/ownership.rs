@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::{user_space, ControlError, ControlPlane};
-use crate::catalog::NamespaceRecord;
+use crate::catalog::{NamespaceKind, NamespaceRecord};
 
 /// A namespace this node attached (and maybe created) on a controller.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ impl ControlPlane {
         let refused = |why: String| {
             tracing::error!(
                 dataset_id = id,
-                kind = namespace.kind,
+                kind = namespace.kind.as_str(),
                 path = namespace.path,
                 "refused a catalog record: {why}; the node leaves that target untouched"
             );
@@ -108,8 +108,8 @@ impl ControlPlane {
                 message: format!("refused: {why} (namespace {} {})", namespace.kind, namespace.path),
             }
         };
-        match namespace.kind.as_str() {
-            "file" => {
+        match &namespace.kind {
+            NamespaceKind::File => {
                 let path = Path::new(&namespace.path);
                 let expected = self.file_namespace_path(id);
                 let same_dir = path.parent().and_then(|p| p.canonicalize().ok())
@@ -125,12 +125,12 @@ impl ControlPlane {
                 }
                 Ok(())
             }
-            "device" => match &namespace.attached {
+            NamespaceKind::Device => match &namespace.attached {
                 None if self.held_device(Path::new(&namespace.path)).is_some() => Ok(()),
                 None => Err(refused("the device is not one of this node's namespace_devices".into())),
                 Some(label) => self.check_attachment(label, &namespace.path).map_err(refused),
             },
-            user_space::NVME_KIND => {
+            NamespaceKind::Nvme => {
                 let Some((controller, _)) = user_space::parse_nvme_path(&namespace.path) else {
                     return Err(refused("an nvme namespace path is PCI_ADDRESS/NSID".into()));
                 };
@@ -141,8 +141,10 @@ impl ControlPlane {
                     Err(refused(format!("controller {controller} is not one this node's driver owns")))
                 }
             }
-            "mem" => Ok(()),
-            other => Err(refused(format!("namespace kind {other} is nothing this node can hold"))),
+            NamespaceKind::Mem => Ok(()),
+            other @ (NamespaceKind::Remote | NamespaceKind::Unplaced | NamespaceKind::Other(_)) => {
+                Err(refused(format!("namespace kind {other} is nothing this node can hold")))
+            }
         }
     }
 

@@ -341,7 +341,7 @@ impl ControlPlane {
         if record.id != job.dataset_id || record.state != DatasetState::Sealed {
             return Err(ControlError::Cluster(format!("{} changed since its copy was planned", job.name)));
         }
-        if record.namespace.kind == REMOTE_KIND {
+        if record.namespace.kind == NamespaceKind::Remote {
             let _allocating = self.allocator.lock().map_err(|_| ControlError::Busy(job.name.clone()))?;
             record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
             cluster.put_replica(&record, false)?;

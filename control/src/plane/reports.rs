@@ -38,7 +38,8 @@ impl ControlPlane {
         let (capacity_bytes, available_bytes) = nix::sys::statvfs::statvfs(&self.namespace_dir)
             .map(|s| (s.blocks() * s.fragment_size(), s.blocks_available() * s.fragment_size()))
             .unwrap_or((0, 0));
-        let in_files: Vec<&DatasetRecord> = records.iter().filter(|r| r.namespace.kind == "file").collect();
+        let in_files: Vec<&DatasetRecord> =
+            records.iter().filter(|r| r.namespace.kind == NamespaceKind::File).collect();
         out.push(DeviceReport {
             kind: "data_dir".into(),
             path: self.namespace_dir.display().to_string(),

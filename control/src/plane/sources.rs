@@ -209,7 +209,8 @@ impl ControlPlane {
     /// (`GET /v1/caches`, what `sluicectl top` shows).
     pub fn cache_reports(&self) -> Result<Vec<CacheReport>, ControlError> {
         let mut reports = Vec::new();
-        for record in self.catalog.list()?.into_iter().filter(|r| r.source.is_some() && r.namespace.kind != REMOTE_KIND)
+        for record in
+            self.catalog.list()?.into_iter().filter(|r| r.source.is_some() && r.namespace.kind != NamespaceKind::Remote)
         {
             let cache = self.cache_for(&record)?;
             reports.push(cache.report(Self::hydrated_here(&record, &cache)));
@@ -308,7 +309,10 @@ impl ControlPlane {
     pub async fn resume_warms(self: &Arc<Self>) -> Result<(), ControlError> {
         for record in self.catalog.list()? {
             // In a cluster, only the datasets with a copy on this node.
-            if record.source.is_none() || record.state != DatasetState::Sealed || record.namespace.kind == REMOTE_KIND {
+            if record.source.is_none()
+                || record.state != DatasetState::Sealed
+                || record.namespace.kind == NamespaceKind::Remote
+            {
                 continue;
             }
             let cache = self.cache_for(&record)?;

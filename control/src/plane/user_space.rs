@@ -8,12 +8,6 @@ use sluice_dataplane::NvmeAdmin;
 
 use super::*;
 
-/// The namespace kind of one on a user-space driver's controller; its path
-/// is `PCI_ADDRESS/NSID`.
-pub(super) const NVME_KIND: &str = "nvme";
-/// The kind of a record whose dataset got no namespace: create undoes it.
-pub(super) const UNPLACED_KIND: &str = "unplaced";
-
 pub(super) fn nvme_path(controller: &str, nsid: u32) -> String {
     format!("{controller}/{nsid}")
 }
@@ -26,7 +20,7 @@ pub(super) fn parse_nvme_path(path: &str) -> Option<(String, u32)> {
 impl ControlPlane {
     pub(super) fn allocate_user_space(&self, admin: &dyn NvmeAdmin, size_hint: Option<u64>) -> NamespaceRecord {
         let record = |controller: &str, nsid: u32, reason: String, attached: bool, created: bool| {
-            let record = NamespaceRecord::new(NVME_KIND, nvme_path(controller, nsid), reason);
+            let record = NamespaceRecord::new(NamespaceKind::Nvme, nvme_path(controller, nsid), reason);
             if attached {
                 record.attached_as(nvme_path(controller, nsid), created)
             } else {
@@ -37,24 +31,7 @@ impl ControlPlane {
             Ok(used) => used,
             Err(err) => return unplaced(format!("the catalog could not say which namespaces are in use: {err}")),
         };
-        let mut why_not = Vec::new();
-        let mut free = Vec::new();
-        let mut detached = Vec::new();
-        for controller in admin.controllers() {
-            match admin.namespaces(&controller) {
-                Ok(namespaces) => {
-                    for ns in namespaces {
-                        let entry = ((controller.clone(), ns.nsid), ns.capacity_bytes);
-                        if !ns.attached {
-                            detached.push(entry);
-                        } else if !used.contains(&nvme_path(&controller, ns.nsid)) {
-                            free.push(entry);
-                        }
-                    }
-                }
-                Err(err) => why_not.push(format!("{controller}: {err}")),
-            }
-        }
+        let Pool { free, detached, mut why_not } = Pool::of(admin, &used);
         if let Some(((controller, nsid), capacity)) = best_fit(&free, size_hint) {
             let reason = format!(
                 "a whole NVMe namespace (SPDK): namespace {nsid} of {controller}, {capacity} bytes ({} were free{})",
@@ -126,13 +103,110 @@ impl ControlPlane {
     }
 }
 
+/// A `(controller, nsid)` and its capacity in bytes.
+type Candidate = ((String, u32), u64);
+
+/// What the user-space driver's controllers offer a new dataset.
+struct Pool {
+    /// Active namespaces no dataset holds.
+    free: Vec<Candidate>,
+    /// Namespaces of the subsystems not attached to their controller.
+    detached: Vec<Candidate>,
+    /// Controllers that could not be asked, and shared namespaces passed.
+    why_not: Vec<String>,
+}
+
+impl Pool {
+    /// Every namespace of every controller, less those `used` names and
+    /// those shared with other controllers (NMIC): another host may write
+    /// a shared namespace, so it never holds a dataset, as on the kernel
+    /// path (`allocator.rs`, the admin helper).
+    fn of(admin: &dyn NvmeAdmin, used: &HashSet<String>) -> Self {
+        let mut pool = Self { free: Vec::new(), detached: Vec::new(), why_not: Vec::new() };
+        for controller in admin.controllers() {
+            let namespaces = match admin.namespaces(&controller) {
+                Ok(namespaces) => namespaces,
+                Err(err) => {
+                    pool.why_not.push(format!("{controller}: {err}"));
+                    continue;
+                }
+            };
+            let mut shared = 0;
+            for ns in namespaces {
+                let entry = ((controller.clone(), ns.nsid), ns.capacity_bytes);
+                if ns.shared {
+                    shared += 1;
+                } else if !ns.attached {
+                    pool.detached.push(entry);
+                } else if !used.contains(&nvme_path(&controller, ns.nsid)) {
+                    pool.free.push(entry);
+                }
+            }
+            if shared > 0 {
+                pool.why_not.push(format!("{controller}: {shared} shared with other controllers (NMIC), never taken"));
+            }
+        }
+        pool
+    }
+}
+
 fn unplaced(reason: String) -> NamespaceRecord {
-    NamespaceRecord::new(UNPLACED_KIND, "", reason)
+    NamespaceRecord::new(NamespaceKind::Unplaced, "", reason)
 }
 
 #[cfg(test)]
 mod tests {
+    use sluice_dataplane::NvmeNamespace;
+
     use super::*;
+
+    /// One controller's namespaces, as SPDK would list them.
+    struct Listed(Vec<NvmeNamespace>);
+
+    impl NvmeAdmin for Listed {
+        fn controllers(&self) -> Vec<String> {
+            vec!["0000:00:05.0".into()]
+        }
+        fn namespaces(&self, _: &str) -> std::io::Result<Vec<NvmeNamespace>> {
+            Ok(self.0.clone())
+        }
+        fn attach(&self, _: &str, _: u32) -> std::io::Result<()> {
+            unreachable!("the pool attaches nothing")
+        }
+        fn detach(&self, _: &str, _: u32) -> std::io::Result<()> {
+            unreachable!("the pool detaches nothing")
+        }
+        fn manages_namespaces(&self, _: &str) -> std::io::Result<bool> {
+            Ok(false)
+        }
+        fn create(&self, _: &str, _: u64) -> std::io::Result<u32> {
+            unreachable!("the pool creates nothing")
+        }
+        fn delete(&self, _: &str, _: u32) -> std::io::Result<()> {
+            unreachable!("the pool deletes nothing")
+        }
+    }
+
+    /// A namespace another controller may attach (NMIC bit 0) is neither
+    /// free nor in the detached pool, attached or not, and the reason says
+    /// so; a held one is not free; the rest are offered.
+    #[test]
+    fn shared_and_held_namespaces_are_never_offered() {
+        let ns = |nsid, attached, shared| NvmeNamespace { nsid, attached, capacity_bytes: 1 << 20, shared };
+        let admin = Listed(vec![
+            ns(1, true, false),
+            ns(2, true, true),
+            ns(3, false, true),
+            ns(4, false, false),
+            ns(5, true, false),
+        ]);
+        let used = HashSet::from([nvme_path("0000:00:05.0", 5)]);
+        let pool = Pool::of(&admin, &used);
+        let nsids = |c: &[Candidate]| c.iter().map(|((_, nsid), _)| *nsid).collect::<Vec<_>>();
+        assert_eq!(nsids(&pool.free), [1]);
+        assert_eq!(nsids(&pool.detached), [4]);
+        assert_eq!(pool.why_not, ["0000:00:05.0: 2 shared with other controllers (NMIC), never taken"]);
+    }
 
     #[test]
     fn nvme_paths_round_trip() {

@@ -147,6 +147,9 @@ pub struct NvmeNamespace {
     /// Attached to (active on) this controller.
     pub attached: bool,
     pub capacity_bytes: u64,
+    /// NMIC bit 0: another controller, so another host, may attach and
+    /// write it. Never taken for a dataset.
+    pub shared: bool,
 }
 
 /// NVMe namespace management on controllers a user-space driver owns:

@@ -20,6 +20,7 @@ use super::{
     NvmeNamespace, Queue, QueueFull, ReadIo,
 };
 use crate::dma::Arena;
+use crate::nvme_spec::{self as spec, ControllerInfo, NamespaceInfo};
 
 /// Bounce buffer of a namespace's control path (ingest, seal, copies).
 const CONTROL_BUFFER_BYTES: usize = 1 << 20;
@@ -27,11 +28,8 @@ const CONTROL_BUFFER_BYTES: usize = 1 << 20;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// NVMe Dataset Management attribute: deallocate.
 const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
-/// Identify CNS values (NVMe base spec).
-const CNS_ALLOCATED_NSIDS: u32 = 0x10;
-const CNS_ALLOCATED_NAMESPACE: u32 = 0x11;
-const OPCODE_IDENTIFY: u32 = 0x06;
-const IDENTIFY_BYTES: usize = 4096;
+/// Identify data (and every admin page) is one NVMe page.
+const IDENTIFY_BYTES: usize = spec::PAGE_BYTES;
 
 /// SPDK's env (DPDK) is process-wide and starts once.
 static ENV: OnceLock<Result<(), String>> = OnceLock::new();
@@ -193,7 +191,7 @@ impl SpdkDriver {
         let _admin = controller.admin.lock().map_err(|_| io::Error::other("admin lock poisoned"))?;
         let buffer = DmaBuffer::new(IDENTIFY_BYTES)?;
         let mut cmd = sys::spdk_nvme_cmd::default();
-        cmd.set_opc(OPCODE_IDENTIFY as u16);
+        cmd.set_opc(u16::from(spec::OPCODE_IDENTIFY));
         cmd.nsid = nsid;
         cmd.__bindgen_anon_1.cdw10 = cns;
         let done = Waiter::default();
@@ -221,11 +219,15 @@ impl SpdkDriver {
         Ok(buffer.bytes().to_vec())
     }
 
-    fn ctrlr_list(&self, controller: &Controller) -> sys::spdk_nvme_ctrlr_list {
-        let data = self.controller_data(controller);
+    fn controller_info(&self, controller: &Controller) -> io::Result<ControllerInfo> {
+        ControllerInfo::parse(self.controller_data(controller)).map_err(io::Error::other)
+    }
+
+    /// A Controller List of one, this controller, for Namespace Attachment.
+    fn ctrlr_list(&self, controller: &Controller) -> io::Result<sys::spdk_nvme_ctrlr_list> {
         let mut list = sys::spdk_nvme_ctrlr_list { ctrlr_count: 1, ..Default::default() };
-        list.ctrlr_list[0] = u16::from_le_bytes([data[78], data[79]]);
-        list
+        list.ctrlr_list[0] = self.controller_info(controller)?.controller_id;
+        Ok(list)
     }
 }
 
@@ -580,20 +582,22 @@ impl NvmeAdmin for SpdkDriver {
 
     fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>> {
         let c = self.controller(controller)?;
-        let list = self.identify(c, CNS_ALLOCATED_NSIDS, 0)?;
+        let list = self.identify(c, spec::CNS_ALLOCATED_NSIDS, 0)?;
+        let nsids = spec::nsid_list(&list).map_err(|e| io::Error::other(format!("{controller}: {e}")))?;
         let mut out = Vec::new();
-        for nsid in list.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).take_while(|n| *n != 0) {
+        for nsid in nsids {
             // SAFETY: the controller is attached.
             let attached = unsafe { sys::spdk_nvme_ctrlr_is_active_ns(c.ctrlr.as_ptr(), nsid) };
-            let page = self.identify(c, CNS_ALLOCATED_NAMESPACE, nsid)?;
-            out.push(NvmeNamespace { nsid, attached, capacity_bytes: identify_namespace_bytes(&page) });
+            let info = NamespaceInfo::parse(&self.identify(c, spec::CNS_ALLOCATED_NAMESPACE, nsid)?)
+                .map_err(io::Error::other)?;
+            out.push(NvmeNamespace { nsid, attached, capacity_bytes: info.capacity_bytes(), shared: info.shared });
         }
         Ok(out)
     }
 
     fn attach(&self, controller: &str, nsid: u32) -> io::Result<()> {
         let c = self.controller(controller)?;
-        let mut list = self.ctrlr_list(c);
+        let mut list = self.ctrlr_list(c)?;
         let _admin = c.admin.lock().map_err(|_| io::Error::other("admin lock poisoned"))?;
         // SAFETY: synchronous admin call on an attached controller; `list`
         // outlives it.
@@ -603,7 +607,7 @@ impl NvmeAdmin for SpdkDriver {
 
     fn detach(&self, controller: &str, nsid: u32) -> io::Result<()> {
         let c = self.controller(controller)?;
-        let mut list = self.ctrlr_list(c);
+        let mut list = self.ctrlr_list(c)?;
         let _admin = c.admin.lock().map_err(|_| io::Error::other("admin lock poisoned"))?;
         // SAFETY: as in `attach`.
         let rc = unsafe { sys::spdk_nvme_ctrlr_detach_ns(c.ctrlr.as_ptr(), nsid, &mut list) };
@@ -611,27 +615,27 @@ impl NvmeAdmin for SpdkDriver {
     }
 
     fn manages_namespaces(&self, controller: &str) -> io::Result<bool> {
-        let data = self.controller_data(self.controller(controller)?);
-        Ok(u16::from_le_bytes([data[256], data[257]]) & (1 << 3) != 0)
+        Ok(self.controller_info(self.controller(controller)?)?.manages_namespaces)
     }
 
     fn create(&self, controller: &str, bytes: u64) -> io::Result<u32> {
         let c = self.controller(controller)?;
         // Format 0's block size from the common namespace data; 512 B if
         // the controller does not report it.
-        let block_bytes = match self.identify(c, 0, 0xffff_ffff).map(|p| p[128 + 2]) {
-            Ok(lbads @ 9..=16) => 1u64 << lbads,
-            _ => 512,
-        };
-        let blocks = bytes.max(1).div_ceil(block_bytes);
+        let common = self.identify(c, spec::CNS_NAMESPACE, spec::NSID_ALL).ok();
+        let page = spec::create_namespace_page(bytes, spec::format0_block_bytes(common.as_deref()));
         let mut data = sys::spdk_nvme_ns_data::default();
+        const _: () = assert!(std::mem::size_of::<sys::spdk_nvme_ns_data>() == IDENTIFY_BYTES);
         // SAFETY: spdk_nvme_ns_data is the 4 KiB Identify Namespace layout
-        // (opaque here): NSZE at byte 0, NCAP at 8, FLBAS 26 = format 0.
-        let raw = unsafe {
-            std::slice::from_raw_parts_mut((&mut data as *mut sys::spdk_nvme_ns_data).cast::<u8>(), IDENTIFY_BYTES)
+        // (asserted above), plain bytes with no invalid values, and `page`
+        // is as long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                page.as_ptr(),
+                (&mut data as *mut sys::spdk_nvme_ns_data).cast::<u8>(),
+                IDENTIFY_BYTES,
+            )
         };
-        raw[0..8].copy_from_slice(&blocks.to_le_bytes());
-        raw[8..16].copy_from_slice(&blocks.to_le_bytes());
         let _admin = c.admin.lock().map_err(|_| io::Error::other("admin lock poisoned"))?;
         // SAFETY: synchronous admin call; `data` outlives it.
         let nsid = unsafe { sys::spdk_nvme_ctrlr_create_ns(c.ctrlr.as_ptr(), &mut data) };
@@ -655,16 +659,6 @@ fn nvme_result(rc: i32, what: impl FnOnce() -> String) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::other(format!("{}: {}", what(), io::Error::from_raw_os_error(rc.abs()))))
-    }
-}
-
-/// A namespace's size from its Identify Namespace page.
-fn identify_namespace_bytes(page: &[u8]) -> u64 {
-    let nsze = u64::from_le_bytes(page[0..8].try_into().unwrap_or([0; 8]));
-    let format = usize::from(page[26] & 0x0f);
-    match page[128 + 4 * format + 2] {
-        lbads @ 9..=16 => nsze.saturating_mul(1 << lbads),
-        _ => 0,
     }
 }
 

@@ -109,12 +109,81 @@ impl std::fmt::Display for DatasetState {
     }
 }
 
+/// What holds a dataset's bytes on a node. Stored and shown by its name
+/// (`file`, `device`, ...), so records stay readable JSON; a name this
+/// build does not know is kept as [`NamespaceKind::Other`] and refused
+/// where a namespace of it would be touched (a record is untrusted until
+/// checked against the node's config).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum NamespaceKind {
+    /// A file of its own under the data directory (`DATA_DIR/namespaces/`).
+    File,
+    /// A block device: a namespace device given whole to the dataset, or
+    /// one the allocator attached from a controller's detached pool.
+    Device,
+    /// A namespace on a controller a user-space driver (SPDK) owns; its
+    /// path is `PCI_ADDRESS/NSID`.
+    Nvme,
+    /// Memory (`--driver mem`): gone at restart.
+    Mem,
+    /// A dataset this node holds no copy of (a cluster catalog's record
+    /// as other nodes see it).
+    Remote,
+    /// No namespace could be had: create undoes the record.
+    Unplaced,
+    /// A name this build does not know.
+    Other(String),
+}
+
+impl NamespaceKind {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::File => "file",
+            Self::Device => "device",
+            Self::Nvme => "nvme",
+            Self::Mem => "mem",
+            Self::Remote => "remote",
+            Self::Unplaced => "unplaced",
+            Self::Other(name) => name,
+        }
+    }
+}
+
+impl From<String> for NamespaceKind {
+    fn from(name: String) -> Self {
+        match name.as_str() {
+            "file" => Self::File,
+            "device" => Self::Device,
+            "nvme" => Self::Nvme,
+            "mem" => Self::Mem,
+            "remote" => Self::Remote,
+            "unplaced" => Self::Unplaced,
+            _ => Self::Other(name),
+        }
+    }
+}
+
+impl From<NamespaceKind> for String {
+    fn from(kind: NamespaceKind) -> Self {
+        kind.as_str().to_string()
+    }
+}
+
+impl fmt::Display for NamespaceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a dataset's bytes live and why there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NamespaceRecord {
-    /// `file` (a file per dataset) or `mem`.
-    pub kind: String,
+    /// `file`, `device`, `nvme` (SPDK), `mem`, `remote` (a cluster node
+    /// holding no copy) or `unplaced`.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub kind: NamespaceKind,
     pub path: String,
     pub base_offset_bytes: u64,
     /// Why the allocator chose this namespace.
@@ -131,15 +200,8 @@ pub struct NamespaceRecord {
 
 impl NamespaceRecord {
     /// A whole namespace (or file) from its first byte, chosen for `reason`.
-    pub fn new(kind: &str, path: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            kind: kind.to_string(),
-            path: path.into(),
-            base_offset_bytes: 0,
-            reason: reason.into(),
-            attached: None,
-            created: false,
-        }
+    pub fn new(kind: NamespaceKind, path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { kind, path: path.into(), base_offset_bytes: 0, reason: reason.into(), attached: None, created: false }
     }
 
     /// Attached for the dataset (`label` names it for release), and
@@ -278,4 +340,34 @@ pub struct ScrubReport {
     pub bytes: u64,
     /// `(chunk, status)` of every chunk that did not read back clean.
     pub bad_chunks: Vec<(u64, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace kind is stored by its name, as before it had a type, and
+    /// a name this build does not know survives a read and a write intact
+    /// (so a record from a newer node is refused where it is used, not
+    /// lost when the catalog is read).
+    #[test]
+    fn namespace_kinds_are_stored_by_name() {
+        let kinds = [
+            NamespaceKind::File,
+            NamespaceKind::Device,
+            NamespaceKind::Nvme,
+            NamespaceKind::Mem,
+            NamespaceKind::Remote,
+            NamespaceKind::Unplaced,
+            NamespaceKind::Other("zoned".into()),
+        ];
+        for kind in kinds {
+            let stored = serde_json::to_string(&NamespaceRecord::new(kind.clone(), "p", "r")).expect("json");
+            assert!(stored.contains(&format!(r#""kind":"{kind}""#)), "{stored}");
+            let read: NamespaceRecord = serde_json::from_str(&stored).expect("read back");
+            assert_eq!(read.kind, kind);
+        }
+        let old = r#"{"kind":"file","path":"ns/1","base_offset_bytes":0,"reason":"r"}"#;
+        assert_eq!(serde_json::from_str::<NamespaceRecord>(old).expect("old record").kind, NamespaceKind::File);
+    }
 }

@@ -13,8 +13,8 @@ pub mod trace;
 
 pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
 pub use dataset::{
-    Appended, CacheReport, DatasetKind, DatasetRecord, DatasetSource, DatasetState, NamespaceRecord, ScrubReport,
-    SourceObject,
+    Appended, CacheReport, DatasetKind, DatasetRecord, DatasetSource, DatasetState, NamespaceKind, NamespaceRecord,
+    ScrubReport, SourceObject,
 };
 pub use devices::{DeviceReport, OrphanFile, Purged};
 pub use grants::{GrantRequest, GrantView};
