@@ -68,10 +68,11 @@ echo "== tests"
 # the source tests when moto is.
 SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
-echo "== the Python module's RDMA build (the rig's Python test and the wheel use it)"
-# Built here, before the guests boot, so the rig test that runs it from
-# Python over soft-RoCE finds it made instead of building it while its
-# guests wait.
+echo "== release builds the rig runs in its guests (sluiced, sluicectl; the Python module's RDMA build)"
+# The same commands the rig would run (hw-tests/src/rig/sluice.rs), made
+# here before any guest boots, so no rig test builds while its guests wait.
+# The wheel below uses the Python module's build too.
+cargo build -q --release -p sluice --bins --features rdma
 cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
 
 echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
