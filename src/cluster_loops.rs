@@ -74,10 +74,13 @@ pub async fn run(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
         for job in jobs {
             if job.source_backed && !job.needs_index {
                 let made = Arc::clone(&control);
-                match tokio::task::spawn_blocking(move || made.begin_source_replica(&job, None)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => tracing::warn!("copy of a source-backed dataset, trying again: {err}"),
-                    Err(err) => tracing::warn!("copy of a source-backed dataset, trying again: {err}"),
+                let made = tokio::task::spawn_blocking(move || {
+                    made.begin_source_replica(&job, None).map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(err) = made {
+                    tracing::warn!("copy of a source-backed dataset, trying again: {err}");
                 }
                 continue;
             }

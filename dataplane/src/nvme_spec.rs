@@ -195,7 +195,6 @@ pub fn nsid_list(bytes: &[u8]) -> Result<Vec<u32>, NsidListError> {
         }
         out.push(nsid);
     }
-    debug_assert!(out.len() <= NSID_LIST_MAX);
     Ok(out)
 }
 
@@ -351,8 +350,7 @@ mod tests {
 
         /// An ascending list reads back whole.
         #[test]
-        fn ascending_lists_round_trip(mut nsids in proptest::collection::btree_set(1u32..NSID_ALL, 0..NSID_LIST_MAX)) {
-            nsids.remove(&0);
+        fn ascending_lists_round_trip(nsids in proptest::collection::btree_set(1u32..NSID_ALL, 0..NSID_LIST_MAX)) {
             let mut page = [0u8; PAGE_BYTES];
             for (i, nsid) in nsids.iter().enumerate() {
                 page[i * 4..i * 4 + 4].copy_from_slice(&nsid.to_le_bytes());
