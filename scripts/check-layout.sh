@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The crate layout's dependency rules (README, "Crates"): fails naming the
 # rule and the path through which it broke.
-#   - sluice-proto depends on no other sluice crate;
+#   - sluice-proto and sluice-sampler depend on no other sluice crate;
 #   - the client (and so the Python wheel) links neither the storage node's
 #     data plane, its control plane, nor its servers;
 #   - sluice-transport (the client's transports) links none of those either;
@@ -26,6 +26,7 @@ forbid() {
 
 node_side='sluice-(dataplane|control|serve|ebpf)|sluice'
 forbid sluice-proto "" 'sluice-.*|sluice' "the vocabulary crate stands alone"
+forbid sluice-sampler "" 'sluice-.*|sluice' "the sampler is pure and stands alone"
 for features in "" "--features rdma"; do
     forbid sluice-transport "$features" "$node_side" "a training host's transports must not link the storage node"
     forbid sluice-client "$features" "$node_side" "a training host must not link the storage node"

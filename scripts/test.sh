@@ -8,7 +8,14 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 
-echo "== installing packages"
+# Each step prints when it began, so a slow run says where its time went.
+STARTED=$SECONDS
+step() { echo "== $* [at $(((SECONDS - STARTED) / 60))m$(((SECONDS - STARTED) % 60))s]"; }
+# Background jobs (the Python environments) end with this script, however
+# it ends.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+
+step "installing packages"
 $SUDO apt-get update -q
 # gcc/make/pkg-config: C parts of dependencies (blake3, io-uring's build).
 # fio: the device-limit peer of `sluicectl bench read` (README benchmark).
@@ -34,55 +41,80 @@ $SUDO apt-get install -y -q --no-install-recommends \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
     nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server etcd-client openssl mount e2fsprogs
 
-echo "== toolchain"
+step "Python environments (in the background)"
+# Their downloads, torch's 3 GB among them, wait on the network while the
+# Rust builds below use the cores.
+# target/s3env: moto's S3-compatible server for the source-backed dataset
+# tests. target/pybuild: maturin, which builds the wheel. target/pyenv: the
+# environment the wheel is tested in, with the default torch wheel (it runs
+# without a GPU), torchdata, webdataset and pytest from the package registry,
+# so no torch test skips for want of them.
+mkdir -p target
+rm -rf target/s3env target/pybuild target/pyenv
+venv() { # DIR PACKAGE...
+    local dir=$1
+    shift
+    python3 -m venv "$dir" && "$dir/bin/python" -m pip install -q --upgrade pip && "$dir/bin/python" -m pip install -q "$@"
+}
+venv target/s3env 'moto[server]>=5,<6' >target/s3env.log 2>&1 &
+S3ENV_JOB=$!
+{ venv target/pybuild 'maturin>=1.5,<2' && venv target/pyenv pytest torch torchdata webdataset; } >target/pyenv.log 2>&1 &
+PYENV_JOB=$!
+# await JOB LOG: the job's failure fails the run, with its log.
+await() {
+    if ! wait "$1"; then
+        cat "$2" >&2
+        echo "setting up a Python environment failed (log above: $2)" >&2
+        exit 1
+    fi
+}
+
+step "toolchain"
 cargo --version
 rustc --version
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     rustup component add rustfmt clippy
 fi
 
-echo "== format"
+step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path client/python/Cargo.toml -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
-echo "== lint"
+step "lint"
 # Without the `rdma` feature (a build needing no rdma-core) and with it.
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features rdma -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml -- -D warnings
 cargo clippy --manifest-path client/python/Cargo.toml --features rdma -- -D warnings
 
-echo "== layout (the crates' dependency rules)"
+step "layout (the crates' dependency rules)"
 bash scripts/check-layout.sh
 
-echo "== S3-compatible server (moto, from PyPI) for the source-backed dataset tests"
-rm -rf target/s3env
-python3 -m venv target/s3env
-target/s3env/bin/python -m pip install -q --upgrade pip
-target/s3env/bin/python -m pip install -q 'moto[server]>=5,<6'
+step "S3-compatible server (moto, from PyPI) for the source-backed dataset tests"
+await "$S3ENV_JOB" target/s3env.log
 export SLUICE_MOTO_SERVER="$PWD/target/s3env/bin/moto_server"
 
-echo "== tests"
+step "tests"
 # The cluster tests fail rather than skip when etcd is missing here, and
 # the source tests when moto is.
 SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
-echo "== release builds the rig runs in its guests (sluiced, sluicectl; the Python module's RDMA build)"
+step "release builds the rig runs in its guests (sluiced, sluicectl; the Python module's RDMA build)"
 # The same commands the rig would run (hw-tests/src/rig/sluice.rs), made
 # here before any guest boots, so no rig test builds while its guests wait.
 # The wheel below uses the Python module's build too.
 cargo build -q --release -p sluice --bins --features rdma
 cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
 
-echo "== rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
+step "rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 # Nothing may skip here: a missing prerequisite fails the run.
 SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
 
-echo "== benchmark suite (short run: proves it works; the figures come from the full run)"
+step "benchmark suite (short run: proves it works; the figures come from the full run)"
 cargo run -p bench --release -q -- all --short
 
-echo "== fuzz (short run of every target)"
+step "fuzz (short run of every target)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     echo "the nightly toolchain is missing; the fuzz targets need it (libFuzzer, -Zsanitizer)" >&2
     exit 1
@@ -90,22 +122,17 @@ fi
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 bash scripts/fuzz.sh 15
 
-echo "== python package"
+step "python package"
 # The wheel a user installs (abi3, Python >= 3.9), built by maturin in its
-# own virtual environment, then installed into a fresh one with the default
-# torch wheel (it runs without a GPU), torchdata and webdataset from the
-# package registry: no torch test skips for want of them. The tests start
-# the sluiced that cargo test built.
+# own virtual environment, then installed into the fresh one with torch made
+# above. The tests start the sluiced that cargo test built.
 # The wheel carries both builds of the native module: `_native_rdma`
 # (linked against rdma-core, installed above) beside the TCP-only
 # `_native`; the package loads the first where rdma-core's libraries load.
-rm -rf target/pybuild target/pyenv target/wheels client/python/python/sluice/_native_rdma.abi3.so
+await "$PYENV_JOB" target/pyenv.log
+rm -rf target/wheels client/python/python/sluice/_native_rdma.abi3.so
 cp client/python/target/release/lib_native.so client/python/python/sluice/_native_rdma.abi3.so
-python3 -m venv target/pybuild
-target/pybuild/bin/python -m pip install -q --upgrade pip 'maturin>=1.5,<2'
 target/pybuild/bin/maturin build -q --release --manifest-path client/python/Cargo.toml --out target/wheels
-python3 -m venv target/pyenv
-target/pyenv/bin/python -m pip install -q --upgrade pip
-target/pyenv/bin/python -m pip install -q target/wheels/sluice-*-abi3-*.whl pytest torch torchdata webdataset
+target/pyenv/bin/python -m pip install -q target/wheels/sluice-*-abi3-*.whl
 SLUICE_PYTHON_REQUIRE=1 SLUICE_PYTHON_REQUIRE_RDMA=1 SLUICE_BIN_DIR="$PWD/target/debug" \
     target/pyenv/bin/python -m pytest -q client/python/tests

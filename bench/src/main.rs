@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use rand::RngCore;
 use sluice::{Node, NodeConfig};
 
-use crate::procs::{cpu_seconds_of, free_port, output, wait_port, Server};
+use crate::procs::{cargo, cpu_seconds_of, free_port, output, wait_port, Server};
 use crate::report::{Run, DEVICE_LIMIT};
 use crate::runners::FioTarget;
 use crate::workload::{Measurement, Workload};
@@ -228,11 +228,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     let layout = layout(short, out)?;
     let bin = layout.target.join("release");
     if !bin.join("sluiced").is_file() || !bin.join("sluicectl").is_file() {
-        output(
-            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "--release", "-p", "sluice", "--bins"])
-                .current_dir(&layout.workspace),
-        )?;
+        output(cargo().args(["build", "--release", "-p", "sluice", "--bins"]).current_dir(&layout.workspace))?;
     }
     let work = &layout.work;
     println!(
@@ -385,7 +381,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
 
 /// Runs the criterion benches and reads back their mean estimates.
 fn microbenchmarks(layout: &Layout, short: bool) -> Result<Vec<(String, f64)>, String> {
-    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut command = cargo();
     command.args(["bench", "-p", "bench", "--bench", "hot_path", "--"]).current_dir(&layout.workspace);
     if short {
         command.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);

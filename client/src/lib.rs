@@ -21,7 +21,7 @@
 pub mod blocking;
 pub mod http;
 pub mod loader;
-pub mod sampler;
+pub use sluice_sampler as sampler;
 mod transport;
 
 use std::sync::Arc;
@@ -374,13 +374,11 @@ impl Dataset {
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
         let bytes = http_get_bytes(&self.session().http, format!("/v1/datasets/{}/index", self.name)).await?;
-        Ok(bytes
-            .chunks_exact(16)
-            .map(|e| {
-                let word = |at: usize| u64::from_le_bytes(e[at..at + 8].try_into().unwrap_or([0; 8]));
-                (word(0), word(8))
-            })
-            .collect())
+        sluice_proto::sample_index::decode(&bytes).map_err(|e| ClientError::Control {
+            endpoint: format!("/v1/datasets/{}/index", self.name),
+            message: e.to_string(),
+            status: None,
+        })
     }
 
     /// Reads every range into `buf` at its `dest`, in as few round trips as

@@ -1,5 +1,5 @@
-//! The sample index of `records` and `wds` datasets: one `(offset, len)`
-//! pair of little-endian u64s per sample, in a file beside the catalog.
+//! The sample index of `records` and `wds` datasets
+//! ([`sluice_proto::sample_index`] is its format), in a file beside the catalog.
 //! Entries are appended (and fsynced) before the catalog commits the count
 //! that makes them visible; entries past that count are cut at start.
 
@@ -8,7 +8,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-pub const ENTRY_BYTES: u64 = 16;
+use sluice_proto::sample_index::encode;
+pub use sluice_proto::sample_index::ENTRY_BYTES;
 
 pub struct IndexFile {
     file: File,
@@ -22,8 +23,7 @@ impl IndexFile {
 
     /// Writes `entries` after the first `committed` and makes them durable.
     pub fn append(&self, committed: u64, entries: &[(u64, u64)]) -> io::Result<()> {
-        let bytes: Vec<u8> =
-            entries.iter().flat_map(|(o, l)| o.to_le_bytes().into_iter().chain(l.to_le_bytes())).collect();
+        let bytes = encode(entries);
         self.file.write_all_at(&bytes, committed * ENTRY_BYTES)?;
         self.file.set_len((committed + entries.len() as u64) * ENTRY_BYTES)?;
         self.file.sync_all()
@@ -41,16 +41,4 @@ impl IndexFile {
         self.file.read_exact_at(&mut bytes, first * ENTRY_BYTES)?;
         Ok(bytes)
     }
-}
-
-/// Decodes raw index bytes.
-pub fn decode(bytes: &[u8]) -> Vec<(u64, u64)> {
-    bytes
-        .chunks_exact(ENTRY_BYTES as usize)
-        .map(|e| {
-            let offset = u64::from_le_bytes(e[..8].try_into().unwrap_or([0; 8]));
-            let len = u64::from_le_bytes(e[8..].try_into().unwrap_or([0; 8]));
-            (offset, len)
-        })
-        .collect()
 }

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_client::sampler::SamplerState;
+use sluice_sampler::SamplerState;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(state) = SamplerState::from_bytes(data) {

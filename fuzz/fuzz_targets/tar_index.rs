@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_control::tar::{members, TarIndexer};
+use sluice_proto::tar::{members, TarIndexer};
 
 fuzz_target!(|data: &[u8]| {
     let split = data.first().map_or(0, |b| usize::from(*b) * 7).min(data.len());

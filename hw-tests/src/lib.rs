@@ -10,6 +10,7 @@
 //! # Ok::<(), hw_tests::RigError>(())
 //! ```
 
+mod cargo;
 mod guest;
 mod initramfs;
 mod kernel;
@@ -17,6 +18,7 @@ mod prereq;
 mod rig;
 mod tls;
 
+pub use cargo::cargo;
 pub use prereq::{require, Missing};
 pub use rig::{
     Host, NvmeController, Rig, RigBuilder, RigError, RigOutput, GUEST_PYTHON, SLUICE_CONTROL_PORT, SLUICE_DATA_PORT,

@@ -31,8 +31,7 @@ fn spdk_binaries() -> Option<(String, String)> {
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default();
     let target = root.join("target").join("spdk");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let status = hw_tests::cargo()
         .args(["build", "--release", "-p", "sluice", "--bins", "--features", "spdk rdma", "--target-dir"])
         .arg(&target)
         .current_dir(&root)

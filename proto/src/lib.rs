@@ -12,6 +12,7 @@ pub mod codec;
 pub mod geometry;
 pub mod lane;
 pub mod npy;
+pub mod sample_index;
 pub mod status;
 pub mod tar;
 pub mod wire;

@@ -15,8 +15,7 @@ impl Rig {
     pub fn sluice_binary(&self, name: &str) -> Result<String, RigError> {
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
         let built = BUILT.get_or_init(|| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            Command::new(cargo)
+            crate::cargo()
                 .args(["build", "--release", "-p", "sluice", "--bins", "--features", "rdma"])
                 .current_dir(workspace_root())
                 .status()
@@ -47,8 +46,7 @@ impl Rig {
         }
         let crate_dir = workspace_root().join("client").join("python");
         let built = BUILT.get_or_init(|| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            Command::new(cargo)
+            crate::cargo()
                 .args(["build", "--release", "--features", "rdma", "--manifest-path"])
                 .arg(crate_dir.join("Cargo.toml"))
                 .arg("--target-dir")
