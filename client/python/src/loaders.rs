@@ -8,8 +8,8 @@ use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use sluice_client::loader::{
-    LoaderError, RecordLoader as RustRecords, RecordLoaderConfig, StepSchedule, WindowLoader as RustWindows,
-    WindowLoaderConfig,
+    Loader, LoaderError, RecordBatch, RecordLoader as RustRecords, RecordLoaderConfig, StepBatch, StepSchedule,
+    TokenBatch, WindowLoader as RustWindows, WindowLoaderConfig,
 };
 use sluice_client::sampler::SamplerState;
 
@@ -35,21 +35,53 @@ fn end_error(err: LoaderError) -> PyErr {
     }
 }
 
-struct Windows {
+/// A loader and the runtime its reads run on: what each Python loader
+/// class holds, in the process that made it.
+struct Held<B> {
     runtime: Runtime,
-    dataset: Arc<sluice_client::Dataset>,
-    loader: RustWindows,
+    loader: Loader<B>,
+}
+
+impl<B: StepBatch> Held<B> {
+    fn new(runtime: Runtime, make: impl FnOnce() -> Result<Loader<B>, LoaderError>) -> PyResult<ProcessLocal<Self>> {
+        let loader = {
+            let _guard = runtime.enter();
+            make().map_err(errors::loader)?
+        };
+        Ok(ProcessLocal::new(Self { runtime, loader }))
+    }
+
+    /// The next step's batch, read with the GIL released.
+    fn next(&mut self, py: Python<'_>) -> PyResult<B> {
+        let runtime = Arc::clone(&self.runtime);
+        let loader = &mut self.loader;
+        py.allow_threads(|| runtime.block_on(loader.next_batch())).map_err(end_error)
+    }
+
+    fn set_schedule(&mut self, first: u64, stride: u64, end: Option<u64>) -> PyResult<()> {
+        let schedule = schedule(first, stride, end)?;
+        let _guard = self.runtime.enter();
+        self.loader.set_schedule(schedule);
+        Ok(())
+    }
+
+    fn state_json(&self) -> PyResult<String> {
+        self.loader.state().to_json().map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Continues exactly where the state was saved, at this loader's rank
+    /// and world size (the state's global batch wins).
+    fn load_state_json(&mut self, text: &str) -> PyResult<()> {
+        let state = parse_state(text)?;
+        let _guard = self.runtime.enter();
+        self.loader.resume(state).map_err(errors::loader)
+    }
 }
 
 /// Deterministic random windows with prefetch and exact resume.
 #[pyclass(module = "sluice._native")]
 pub struct WindowLoader {
-    inner: ProcessLocal<Windows>,
-    rank: u32,
-    world: u32,
-    prefetch: usize,
-    /// `prefetch_steps`: steps ahead whose ranges the node is told of.
-    prefetch_steps: usize,
+    inner: ProcessLocal<Held<TokenBatch>>,
     last_starts: Vec<u64>,
     token_bytes: u32,
     window: u32,
@@ -82,26 +114,14 @@ impl WindowLoader {
             prefetch,
         };
         let (runtime, dataset) = dataset.parts()?;
-        let _guard = runtime.enter();
-        let loader = RustWindows::new(Arc::clone(&dataset), &config).map_err(errors::loader)?;
-        let token_bytes = loader.state().element_bytes;
-        Ok(Self {
-            inner: ProcessLocal::new(Windows { runtime: Arc::clone(&runtime), dataset, loader }),
-            rank,
-            world: world_size,
-            prefetch,
-            prefetch_steps: 0,
-            last_starts: Vec::new(),
-            token_bytes,
-            window,
-        })
+        let inner = Held::new(runtime, || RustWindows::new(dataset, &config))?;
+        let token_bytes = inner.get()?.loader.state().element_bytes;
+        Ok(Self { inner, last_starts: Vec::new(), token_bytes, window })
     }
 
     /// The next step: `(step, tokens as little-endian bytes, rows)`.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<(u64, Bound<'py, PyBytes>, usize)> {
-        let windows = self.inner.get_mut()?;
-        let runtime = Arc::clone(&windows.runtime);
-        let batch = py.allow_threads(|| runtime.block_on(windows.loader.next_batch())).map_err(end_error)?;
+        let batch = self.inner.get_mut()?.next(py)?;
         let rows = batch.starts.len();
         self.last_starts = batch.starts;
         Ok((batch.step, PyBytes::new(py, &batch.data), rows))
@@ -111,9 +131,7 @@ impl WindowLoader {
     /// (a preallocated, possibly pinned, array the Python side holds for the
     /// call): `(step, rows)`. Raises if they do not fit.
     fn next_into(&mut self, py: Python<'_>, address: usize, length: usize) -> PyResult<(u64, usize)> {
-        let windows = self.inner.get_mut()?;
-        let runtime = Arc::clone(&windows.runtime);
-        let batch = py.allow_threads(|| runtime.block_on(windows.loader.next_batch())).map_err(end_error)?;
+        let batch = self.inner.get_mut()?.next(py)?;
         crate::write_to_address(py, address, length, &batch.data)?;
         let rows = batch.starts.len();
         self.last_starts = batch.starts;
@@ -123,11 +141,7 @@ impl WindowLoader {
     /// Reads the steps `first, first + stride, ...` before `end` from now on.
     #[pyo3(signature = (first, stride = 1, end = None))]
     fn set_schedule(&mut self, first: u64, stride: u64, end: Option<u64>) -> PyResult<()> {
-        let schedule = schedule(first, stride, end)?;
-        let windows = self.inner.get_mut()?;
-        let _guard = windows.runtime.enter();
-        windows.loader.set_schedule(schedule);
-        Ok(())
+        self.inner.get_mut()?.set_schedule(first, stride, end)
     }
 
     /// Whether every step of the schedule has been returned.
@@ -153,8 +167,7 @@ impl WindowLoader {
 
     /// The sampler state as JSON: resume with `load_state_json`.
     fn state_json(&self) -> PyResult<String> {
-        let state = self.inner.get()?.loader.state();
-        state.to_json().map_err(|e| PyValueError::new_err(e.to_string()))
+        self.inner.get()?.state_json()
     }
 
     /// The 92-byte binary state.
@@ -167,41 +180,21 @@ impl WindowLoader {
     /// Continues exactly where the state was saved (at this loader's rank
     /// and world size; the state's global batch wins).
     fn load_state_json(&mut self, text: &str) -> PyResult<()> {
-        let state = parse_state(text)?;
-        let (rank, world, prefetch) = (self.rank, self.world, self.prefetch);
-        let windows = self.inner.get_mut()?;
-        let _guard = windows.runtime.enter();
-        windows.loader = RustWindows::from_state(Arc::clone(&windows.dataset), state, rank, world, prefetch)
-            .map_err(errors::loader)?;
-        windows.loader.set_prefetch_steps(self.prefetch_steps);
-        Ok(())
+        self.inner.get_mut()?.load_state_json(text)
     }
 
     /// Tells the node the ranges of the next `steps` steps as the loader
     /// goes, so a source-backed dataset fills them before they are read.
     fn set_prefetch_steps(&mut self, steps: usize) -> PyResult<()> {
-        self.prefetch_steps = steps;
-        let windows = self.inner.get_mut()?;
-        windows.loader.set_prefetch_steps(steps);
+        self.inner.get_mut()?.loader.set_prefetch_steps(steps);
         Ok(())
     }
-}
-
-struct Records {
-    runtime: Runtime,
-    dataset: Arc<sluice_client::Dataset>,
-    index: Arc<[(u64, u64)]>,
-    loader: RustRecords,
 }
 
 /// Shuffled records of a `records` or `wds` dataset, one batch read per step.
 #[pyclass(module = "sluice._native")]
 pub struct RecordLoader {
-    inner: ProcessLocal<Records>,
-    rank: u32,
-    world: u32,
-    prefetch: usize,
-    prefetch_steps: usize,
+    inner: ProcessLocal<Held<RecordBatch>>,
 }
 
 #[pymethods]
@@ -237,29 +230,22 @@ impl RecordLoader {
             samples_per_epoch,
             prefetch,
         };
-        let _guard = runtime.enter();
-        let loader = RustRecords::new(Arc::clone(&native), Arc::clone(&index), &config).map_err(errors::loader)?;
-        let records = Records { runtime: Arc::clone(&runtime), dataset: native, index, loader };
-        Ok(Self { inner: ProcessLocal::new(records), rank, world: world_size, prefetch, prefetch_steps: 0 })
+        let inner = Held::new(runtime, || RustRecords::new(native, index, &config))?;
+        Ok(Self { inner })
     }
 
     /// The next step: `(step, bytes, offsets, record numbers)`, sample `i`
     /// being `bytes[offsets[i]:offsets[i + 1]]`.
     #[allow(clippy::type_complexity)]
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<(u64, Bound<'py, PyBytes>, Vec<usize>, Vec<u64>)> {
-        let records = self.inner.get_mut()?;
-        let runtime = Arc::clone(&records.runtime);
-        let batch = py.allow_threads(|| runtime.block_on(records.loader.next_batch())).map_err(end_error)?;
+        let batch = self.inner.get_mut()?.next(py)?;
         Ok((batch.step, PyBytes::new(py, &batch.data), batch.offsets, batch.records))
     }
 
+    /// As `WindowLoader.set_schedule`.
     #[pyo3(signature = (first, stride = 1, end = None))]
     fn set_schedule(&mut self, first: u64, stride: u64, end: Option<u64>) -> PyResult<()> {
-        let schedule = schedule(first, stride, end)?;
-        let records = self.inner.get_mut()?;
-        let _guard = records.runtime.enter();
-        records.loader.set_schedule(schedule);
-        Ok(())
+        self.inner.get_mut()?.set_schedule(first, stride, end)
     }
 
     #[getter]
@@ -269,29 +255,19 @@ impl RecordLoader {
 
     #[getter]
     fn records(&self) -> PyResult<usize> {
-        Ok(self.inner.get()?.index.len())
+        Ok(self.inner.get()?.loader.records())
     }
 
     fn state_json(&self) -> PyResult<String> {
-        let state = self.inner.get()?.loader.state();
-        state.to_json().map_err(|e| PyValueError::new_err(e.to_string()))
+        self.inner.get()?.state_json()
     }
 
     fn load_state_json(&mut self, text: &str) -> PyResult<()> {
-        let state = parse_state(text)?;
-        let (rank, world, prefetch) = (self.rank, self.world, self.prefetch);
-        let records = self.inner.get_mut()?;
-        let _guard = records.runtime.enter();
-        let dataset = Arc::clone(&records.dataset);
-        records.loader = RustRecords::from_state(dataset, Arc::clone(&records.index), state, rank, world, prefetch)
-            .map_err(errors::loader)?;
-        records.loader.set_prefetch_steps(self.prefetch_steps);
-        Ok(())
+        self.inner.get_mut()?.load_state_json(text)
     }
 
     /// As `WindowLoader.set_prefetch_steps`.
     fn set_prefetch_steps(&mut self, steps: usize) -> PyResult<()> {
-        self.prefetch_steps = steps;
         self.inner.get_mut()?.loader.set_prefetch_steps(steps);
         Ok(())
     }
