@@ -100,19 +100,22 @@ step "tests"
 # the source tests when moto is.
 SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
-step "release builds the rig runs in its guests (sluiced, sluicectl; the Python module's RDMA build)"
-# The same commands the rig would run (hw-tests/src/rig/sluice.rs), made
+step "the Python module's RDMA build (the rig's guests run it; the wheel carries it)"
+# The same command the rig would run (hw-tests/src/rig/sluice.rs), made
 # here before any guest boots, so no rig test builds while its guests wait.
-# The wheel below uses the Python module's build too.
-cargo build -q --release -p sluice --bins --features rdma
 cargo build -q --release --features rdma --manifest-path client/python/Cargo.toml --target-dir client/python/target
 
 step "rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
-# Nothing may skip here: a missing prerequisite fails the run.
-SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
+# Nothing may skip here: a missing prerequisite fails the run. The guests run
+# the sluiced and sluicectl the tests above built (with `--features rdma`):
+# a release build of the workspace would add minutes and test nothing more.
+SLUICE_BIN_DIR="$PWD/target/debug" SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
 
 step "benchmark suite (short run: proves it works; the figures come from the full run)"
-cargo run -p bench --release -q -- all --short
+# Built with the dev profile, as the tests were: it runs their sluiced and
+# builds its microbenchmarks in the same profile (bench/src/main.rs,
+# `Profile`). The figures come from `cargo run -p bench --release -- all`.
+cargo run -p bench -q -- all --short
 
 step "fuzz (short run of every target)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

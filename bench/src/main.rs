@@ -3,7 +3,8 @@
 //!
 //! `cargo run -p bench --release -- all` writes `bench/results/<date>/`
 //! (`report.md`, `throughput.png`, `latency_p99.png`, `results.json`);
-//! `-- all --short` is the seconds-long version CI runs.
+//! `-- all --short` is the seconds-long version CI runs (built with the
+//! dev profile there, as its tests are; see [`Profile`]).
 
 mod callgrind;
 mod procs;
@@ -226,9 +227,11 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     let data_bytes = data_mib.unwrap_or(if short { 32 } else { 1024 }) << 20;
     let versions = versions()?;
     let layout = layout(short, out)?;
-    let bin = layout.target.join("release");
+    let bin = layout.target.join(Profile::OF_THIS_BUILD.directory());
     if !bin.join("sluiced").is_file() || !bin.join("sluicectl").is_file() {
-        output(cargo().args(["build", "--release", "-p", "sluice", "--bins"]).current_dir(&layout.workspace))?;
+        let mut build = cargo();
+        build.args(["build", "-p", "sluice", "--bins"]).args(Profile::OF_THIS_BUILD.cargo_flag());
+        output(build.current_dir(&layout.workspace))?;
     }
     let work = &layout.work;
     println!(
@@ -353,7 +356,11 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     let micro = microbenchmarks(&layout, short);
 
     let run = Run {
-        title: format!("sluice benchmark suite{}", if short { " (short run: a smoke test, not figures)" } else { "" }),
+        title: format!(
+            "sluice benchmark suite{}{}",
+            if short { " (short run: a smoke test, not figures)" } else { "" },
+            Profile::OF_THIS_BUILD.caveat()
+        ),
         machine: machine(),
         versions,
         setup: vec![
@@ -363,7 +370,11 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
                 data_bytes >> 20
             ),
             format!("{seconds} s per system and workload, all on loopback; one node with the default cores"),
-            format!("command: `cargo run -p bench --release -- all{}`", if short { " --short" } else { "" }),
+            format!(
+                "command: `cargo run -p bench{} -- all{}`",
+                Profile::OF_THIS_BUILD.cargo_flag().map(|flag| format!(" {flag}")).unwrap_or_default(),
+                if short { " --short" } else { "" }
+            ),
         ],
         workloads,
         measurements: results,
@@ -379,10 +390,49 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     Ok(layout.out.join("report.md"))
 }
 
+/// The Cargo profile this program was built with; the node's binaries and
+/// the microbenchmarks are taken from the same one. Figures come from
+/// `--release`; CI's short run is built with the dev profile (as its tests
+/// are), so that it proves the suite works without a second optimized
+/// build of the whole workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profile {
+    Release,
+    Dev,
+}
+
+impl Profile {
+    const OF_THIS_BUILD: Self = if cfg!(debug_assertions) { Self::Dev } else { Self::Release };
+
+    /// Its directory under `target/`.
+    fn directory(self) -> &'static str {
+        match self {
+            Self::Release => "release",
+            Self::Dev => "debug",
+        }
+    }
+
+    fn cargo_flag(self) -> Option<&'static str> {
+        (self == Self::Release).then_some("--release")
+    }
+
+    /// What the report's title says of figures from this build.
+    fn caveat(self) -> &'static str {
+        match self {
+            Self::Release => "",
+            Self::Dev => " (dev build: not the node's speed)",
+        }
+    }
+}
+
 /// Runs the criterion benches and reads back their mean estimates.
 fn microbenchmarks(layout: &Layout, short: bool) -> Result<Vec<(String, f64)>, String> {
     let mut command = cargo();
-    command.args(["bench", "-p", "bench", "--bench", "hot_path", "--"]).current_dir(&layout.workspace);
+    command.args(["bench", "-p", "bench", "--bench", "hot_path"]).current_dir(&layout.workspace);
+    if Profile::OF_THIS_BUILD == Profile::Dev {
+        command.args(["--profile", "dev"]);
+    }
+    command.arg("--");
     if short {
         command.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
     }

@@ -10,9 +10,18 @@ use super::*;
 pub const GUEST_PYTHON: &str = "/usr/bin/python3";
 
 impl Rig {
-    /// A release binary of the sluice workspace (built once per test
-    /// process), at a path every guest sees too: the host's root is theirs.
+    /// A binary of the sluice workspace at a path every guest sees too (the
+    /// host's root is theirs): from `SLUICE_BIN_DIR` when it is set (CI
+    /// names the build its workspace tests made, `--features rdma`
+    /// included), else the release build, made once per test process.
     pub fn sluice_binary(&self, name: &str) -> Result<String, RigError> {
+        if let Some(dir) = std::env::var_os("SLUICE_BIN_DIR") {
+            let path = PathBuf::from(dir).join(name);
+            if !path.is_file() {
+                return Err(RigError::Missing(Missing(format!("{} (SLUICE_BIN_DIR has no {name})", path.display()))));
+            }
+            return Ok(path.display().to_string());
+        }
         static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
         let built = BUILT.get_or_init(|| {
             crate::cargo()
