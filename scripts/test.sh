@@ -112,10 +112,10 @@ step "rig (QEMU guests: NVMe, vIOMMU + vfio, soft-RoCE)"
 SLUICE_BIN_DIR="$PWD/target/debug" SLUICE_RIG_REQUIRE=1 cargo test -p hw-tests --no-fail-fast
 
 step "benchmark suite (short run: proves it works; the figures come from the full run)"
-# Built with the dev profile, as the tests were: it runs their sluiced and
-# builds its microbenchmarks in the same profile (bench/src/main.rs,
+# Built as the tests were (dev profile, `--features rdma`): it runs their
+# sluiced and builds its microbenchmarks the same way (bench/src/main.rs,
 # `Profile`). The figures come from `cargo run -p bench --release -- all`.
-cargo run -p bench -q -- all --short
+cargo run -p bench --features rdma -q -- all --short
 
 step "fuzz (short run of every target)"
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

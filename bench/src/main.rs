@@ -432,6 +432,9 @@ fn microbenchmarks(layout: &Layout, short: bool) -> Result<Vec<(String, f64)>, S
     if Profile::OF_THIS_BUILD == Profile::Dev {
         command.args(["--profile", "dev"]);
     }
+    if cfg!(feature = "rdma") {
+        command.args(["--features", "rdma"]);
+    }
     command.arg("--");
     if short {
         command.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
