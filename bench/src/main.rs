@@ -18,10 +18,11 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use hw_tests::cargo;
 use rand::RngCore;
 use sluice::{Node, NodeConfig};
 
-use crate::procs::{cargo, cpu_seconds_of, free_port, output, wait_port, Server};
+use crate::procs::{cpu_seconds_of, free_port, output, wait_port, Server};
 use crate::report::{Run, DEVICE_LIMIT};
 use crate::runners::FioTarget;
 use crate::workload::{Measurement, Workload};

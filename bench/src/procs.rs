@@ -134,23 +134,3 @@ pub fn output(command: &mut Command) -> Result<String, String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
-
-/// The `cargo` that runs this program, for the builds the suite makes
-/// itself. `cargo run` set this process's package name, manifest and
-/// version variables; a child `cargo` that kept them would rebuild every
-/// crate whose build script watches them (ring's does) and so the release
-/// binaries a shell had already built. Those are dropped; what the user set
-/// (`CARGO_TARGET_DIR`, `RUSTFLAGS`) is kept.
-pub fn cargo() -> Command {
-    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    let cargo_set = |name: &str| {
-        ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_"].iter().any(|prefix| name.starts_with(prefix))
-            || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name)
-    };
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(cargo_set) {
-            command.env_remove(name);
-        }
-    }
-    command
-}
