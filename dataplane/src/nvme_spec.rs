@@ -227,6 +227,47 @@ pub fn controller_list_page(controller_id: u16) -> Box<[u8; PAGE_BYTES]> {
     page
 }
 
+/// The pages a controller answers Identify with, built from what sluice
+/// reads of them: the inverse of the parsers above. The SPDK driver's test
+/// double answers with these, and the round-trip tests below hold the two
+/// directions to one layout.
+impl ControllerInfo {
+    pub fn page(&self) -> Box<[u8; PAGE_BYTES]> {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        page[CNTLID_AT..CNTLID_AT + 2].copy_from_slice(&self.controller_id.to_le_bytes());
+        let oacs = if self.manages_namespaces { OACS_NS_MANAGEMENT } else { 0 };
+        page[OACS_AT..OACS_AT + 2].copy_from_slice(&oacs.to_le_bytes());
+        page
+    }
+}
+
+impl NamespaceInfo {
+    /// The page in LBA format 0 (LBADS 0, no valid size, where
+    /// `block_bytes` is `None` or not a power of two NVMe allows).
+    pub fn page(&self) -> Box<[u8; PAGE_BYTES]> {
+        let mut page = Box::new([0u8; PAGE_BYTES]);
+        page[NSZE_AT..NSZE_AT + 8].copy_from_slice(&self.size_blocks.to_le_bytes());
+        page[NCAP_AT..NCAP_AT + 8].copy_from_slice(&self.size_blocks.to_le_bytes());
+        page[NMIC_AT] = u8::from(self.shared);
+        page[NGUID_AT..NGUID_AT + 16].copy_from_slice(&self.nguid);
+        page[EUI64_AT..EUI64_AT + 8].copy_from_slice(&self.eui64);
+        let lbads = self.block_bytes.filter(|b| b.is_power_of_two()).map_or(0, |b| b.trailing_zeros() as u8);
+        page[LBAF_AT + 2] = if lbads_bytes(lbads).is_some() { lbads } else { 0 };
+        page
+    }
+}
+
+/// An Identify NSID list page (CNS 02h, 10h) of `nsids`, at most
+/// [`NSID_LIST_MAX`] of them, zero after the last.
+pub fn nsid_list_page(nsids: &[u32]) -> Box<[u8; PAGE_BYTES]> {
+    assert!(nsids.len() <= NSID_LIST_MAX, "{} NSIDs do not fit a list page", nsids.len());
+    let mut page = Box::new([0u8; PAGE_BYTES]);
+    for (word, nsid) in page.chunks_exact_mut(4).zip(nsids) {
+        word.copy_from_slice(&nsid.to_le_bytes());
+    }
+    page
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -348,14 +389,29 @@ mod tests {
             prop_assert!(read.capacity_bytes() - bytes.max(1) < block);
         }
 
+        /// What a built page says reads back as it was said.
+        #[test]
+        fn identify_pages_round_trip(
+            controller_id in any::<u16>(),
+            manages_namespaces in any::<bool>(),
+            size_blocks in any::<u64>(),
+            lbads in 9u8..=16,
+            shared in any::<bool>(),
+            nguid in any::<[u8; 16]>(),
+            eui64 in any::<[u8; 8]>(),
+        ) {
+            let controller = ControllerInfo { controller_id, manages_namespaces };
+            prop_assert_eq!(ControllerInfo::parse(&controller.page()[..]), Ok(controller));
+            let namespace = NamespaceInfo { size_blocks, block_bytes: Some(1 << lbads), shared, nguid, eui64 };
+            prop_assert_eq!(NamespaceInfo::parse(&namespace.page()[..]), Ok(namespace));
+            prop_assert_eq!(format0_block_bytes(Some(&namespace.page()[..])), 1 << lbads);
+        }
+
         /// An ascending list reads back whole.
         #[test]
         fn ascending_lists_round_trip(nsids in proptest::collection::btree_set(1u32..NSID_ALL, 0..NSID_LIST_MAX)) {
-            let mut page = [0u8; PAGE_BYTES];
-            for (i, nsid) in nsids.iter().enumerate() {
-                page[i * 4..i * 4 + 4].copy_from_slice(&nsid.to_le_bytes());
-            }
-            prop_assert_eq!(nsid_list(&page), Ok(nsids.into_iter().collect::<Vec<_>>()));
+            let nsids: Vec<u32> = nsids.into_iter().collect();
+            prop_assert_eq!(nsid_list(&nsid_list_page(&nsids)[..]), Ok(nsids));
         }
     }
 }

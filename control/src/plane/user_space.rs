@@ -170,6 +170,9 @@ mod tests {
         fn namespaces(&self, _: &str) -> std::io::Result<Vec<NvmeNamespace>> {
             Ok(self.0.clone())
         }
+        fn namespace_identity(&self, _: &str, _: u32) -> std::io::Result<String> {
+            unreachable!("the pool identifies nothing")
+        }
         fn attach(&self, _: &str, _: u32) -> std::io::Result<()> {
             unreachable!("the pool attaches nothing")
         }

@@ -8,7 +8,7 @@
 
 mod faulty;
 mod mem;
-#[cfg(feature = "spdk")]
+#[cfg(any(feature = "spdk", test))]
 mod spdk;
 mod uring;
 
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 pub use faulty::{FaultPlan, FaultyDriver, FaultyQueue};
 pub use mem::{MemDriver, MemQueue};
-#[cfg(feature = "spdk")]
+#[cfg(any(feature = "spdk", test))]
 pub use spdk::{SpdkDriver, SpdkQueue, SpdkTarget};
 pub use uring::{UringDriver, UringQueue};
 
@@ -87,7 +87,7 @@ pub enum NamespaceSpec {
 pub enum IoTarget {
     Fd(std::os::fd::RawFd),
     Mem(Arc<mem::MemStore>),
-    #[cfg(feature = "spdk")]
+    #[cfg(any(feature = "spdk", test))]
     Spdk(SpdkTarget),
 }
 
@@ -159,6 +159,9 @@ pub trait NvmeAdmin: Send + Sync {
     fn controllers(&self) -> Vec<String>;
     /// Every namespace of the controller's subsystem it can attach.
     fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>>;
+    /// `NGUID-EUI64` of namespace `nsid` as hex: what identifies it
+    /// whatever its NSID (all zeros where the controller reports neither).
+    fn namespace_identity(&self, controller: &str, nsid: u32) -> io::Result<String>;
     fn attach(&self, controller: &str, nsid: u32) -> io::Result<()>;
     fn detach(&self, controller: &str, nsid: u32) -> io::Result<()>;
     /// Whether the controller advertises Namespace Management.
@@ -200,7 +203,7 @@ pub enum Queue {
     Uring(UringQueue),
     Mem(MemQueue),
     Faulty(Box<FaultyQueue>),
-    #[cfg(feature = "spdk")]
+    #[cfg(any(feature = "spdk", test))]
     Spdk(SpdkQueue),
 }
 
@@ -212,7 +215,7 @@ impl Queue {
             Self::Uring(q) => q.register_namespace(index, target),
             Self::Mem(q) => q.register_namespace(index, target),
             Self::Faulty(q) => q.register_namespace(index, target),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.register_namespace(index, target),
         }
     }
@@ -222,7 +225,7 @@ impl Queue {
             Self::Uring(q) => q.unregister_namespace(index),
             Self::Mem(q) => q.unregister_namespace(index),
             Self::Faulty(q) => q.unregister_namespace(index),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.unregister_namespace(index),
         }
     }
@@ -242,7 +245,7 @@ impl Queue {
             // SAFETY: forwarded contract.
             Self::Faulty(q) => unsafe { q.push_read(io) },
             // SAFETY: forwarded contract.
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => unsafe { q.push_read(io) },
         }
     }
@@ -254,7 +257,7 @@ impl Queue {
             Self::Mem(_) => Ok(()),
             Self::Faulty(q) => q.flush(),
             // SPDK rings the doorbell at submission.
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(_) => Ok(()),
         }
     }
@@ -265,7 +268,7 @@ impl Queue {
             Self::Uring(q) => q.reap(out, max),
             Self::Mem(q) => q.reap(out, max),
             Self::Faulty(q) => q.reap(out, max),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.reap(out, max),
         }
     }
@@ -276,7 +279,7 @@ impl Queue {
             Self::Uring(q) => q.wait(),
             Self::Mem(_) => Ok(()),
             Self::Faulty(q) => q.wait(),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.wait(),
         }
     }
@@ -286,7 +289,7 @@ impl Queue {
             Self::Uring(q) => q.in_flight(),
             Self::Mem(q) => q.in_flight(),
             Self::Faulty(q) => q.in_flight(),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.in_flight(),
         }
     }
@@ -296,7 +299,7 @@ impl Queue {
             Self::Uring(q) => q.describe(),
             Self::Mem(_) => "mem".to_string(),
             Self::Faulty(q) => q.describe(),
-            #[cfg(feature = "spdk")]
+            #[cfg(any(feature = "spdk", test))]
             Self::Spdk(q) => q.describe(),
         }
     }
