@@ -1,8 +1,9 @@
 //! NVMe admin commands through the kernel driver (`/dev/nvmeX` passthrough
 //! ioctls): what the namespace allocator needs to create a namespace of a
 //! dataset's size (Namespace Management) or take one from a controller's
-//! pool of detached ones, and to give it back. SPDK-owned controllers get
-//! the same calls through SPDK (`sluice_dataplane::NvmeAdmin`).
+//! pool of detached ones, and to give it back: the kernel's implementation
+//! of [`NvmeAdmin`], the trait SPDK-owned controllers implement too, over
+//! the same Identify parsing (`sluice_dataplane::nvme_spec`).
 //!
 //! The allocator reaches these commands through [`KernelAdmin`]: in the
 //! node's own process while it runs as root ([`Passthrough`]), or through a
@@ -21,6 +22,8 @@ use sluice_dataplane::nvme_spec::{
     CNS_CONTROLLER, CNS_NAMESPACE, NSID_ALL, NS_ATTACH, NS_DETACH, NS_MANAGEMENT_CREATE, NS_MANAGEMENT_DELETE,
     OPCODE_IDENTIFY, OPCODE_NS_ATTACHMENT, OPCODE_NS_MANAGEMENT, PAGE_BYTES,
 };
+
+use sluice_dataplane::{NvmeAdmin, NvmeNamespace};
 
 use crate::claim::HeldDevice;
 
@@ -144,12 +147,12 @@ impl Controller {
 
     /// Every namespace of the subsystem this controller can attach: its
     /// id, whether it is attached here, and its size.
-    pub fn namespaces(&self) -> io::Result<Vec<PoolNamespace>> {
+    pub fn namespaces(&self) -> io::Result<Vec<NvmeNamespace>> {
         let active = self.nsid_list(CNS_ACTIVE_NSIDS)?;
         let mut out = Vec::new();
         for nsid in self.nsid_list(CNS_ALLOCATED_NSIDS)? {
             let info = self.namespace_info(nsid)?;
-            out.push(PoolNamespace {
+            out.push(NvmeNamespace {
                 nsid,
                 attached: active.contains(&nsid),
                 capacity_bytes: info.capacity_bytes(),
@@ -205,68 +208,88 @@ impl Controller {
     }
 }
 
-/// The kernel NVMe admin commands the namespace allocator issues, by
-/// controller path (one of the node's `nvme_controllers`), and the one
-/// open it needs: a namespace attached at run time is a new block device.
-pub trait KernelAdmin: Send + Sync {
-    /// Whether the controller supports Namespace Management.
-    fn manages_namespaces(&self, controller: &Path) -> io::Result<bool>;
-    /// Creates a detached namespace of at least `bytes`: its NSID.
-    fn create_namespace(&self, controller: &Path, bytes: u64) -> io::Result<u32>;
-    /// Deletes a detached namespace.
-    fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()>;
-    /// Every namespace of the controller's subsystem.
-    fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>>;
-    /// `NGUID-EUI64` of `nsid` ([`Controller::namespace_identity`]).
-    fn namespace_identity(&self, controller: &Path, nsid: u32) -> io::Result<String>;
-    /// Attaches `nsid` to the controller: its block device.
-    fn attach(&self, controller: &Path, nsid: u32) -> io::Result<PathBuf>;
-    /// Detaches `nsid` from the controller.
-    fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()>;
+/// The kernel's NVMe admin stack: the shared [`NvmeAdmin`] commands by
+/// controller path (one of the node's `nvme_controllers`), and what only
+/// the kernel has: a namespace attached at run time is a new block device,
+/// which the node must find and open.
+pub trait KernelAdmin: NvmeAdmin {
     /// Opens the block device of attached namespace `nsid` exclusively,
     /// as a namespace device is opened at start.
-    fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice>;
-}
+    fn open_namespace(&self, controller: &str, nsid: u32) -> io::Result<HeldDevice>;
 
-/// [`KernelAdmin`] in this process: it must have `CAP_SYS_ADMIN`.
-pub struct Passthrough;
-
-impl KernelAdmin for Passthrough {
-    fn manages_namespaces(&self, controller: &Path) -> io::Result<bool> {
-        Controller::open(controller)?.manages_namespaces()
-    }
-
-    fn create_namespace(&self, controller: &Path, bytes: u64) -> io::Result<u32> {
-        Controller::open(controller)?.create_namespace(bytes)
-    }
-
-    fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()> {
-        Controller::open(controller)?.delete_namespace(nsid)
-    }
-
-    fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>> {
-        Controller::open(controller)?.namespaces()
-    }
-
-    fn namespace_identity(&self, controller: &Path, nsid: u32) -> io::Result<String> {
-        Controller::open(controller)?.namespace_identity(nsid)
-    }
-
-    fn attach(&self, controller: &Path, nsid: u32) -> io::Result<PathBuf> {
-        Controller::open(controller)?.attach(nsid)
-    }
-
-    fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()> {
-        Controller::open(controller)?.detach(nsid)
-    }
-
-    fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice> {
-        let device = block_device(controller, nsid).ok_or_else(|| {
+    /// The block device of attached namespace `nsid`, from sysfs (which
+    /// anyone may read; [`NvmeAdmin::attach`] returns once it exists).
+    fn block_device(&self, controller: &str, nsid: u32) -> io::Result<PathBuf> {
+        block_device(Path::new(controller), nsid).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("namespace {nsid} of {} has no block device (not attached)", controller.display()),
+                format!("namespace {nsid} of {controller} has no block device (not attached)"),
             )
-        })?;
+        })
+    }
+}
+
+/// [`KernelAdmin`] in this process, on the controllers it was given: it
+/// must have `CAP_SYS_ADMIN`.
+pub struct Passthrough {
+    controllers: Vec<PathBuf>,
+}
+
+impl Passthrough {
+    pub fn new(controllers: Vec<PathBuf>) -> Self {
+        Self { controllers }
+    }
+
+    /// One of this stack's controllers; any other is refused.
+    fn known(&self, controller: &str) -> io::Result<&Path> {
+        self.controllers.iter().find(|c| c.as_os_str() == controller).map(PathBuf::as_path).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{controller} is not one of this node's nvme_controllers"))
+        })
+    }
+
+    fn open(&self, controller: &str) -> io::Result<Controller> {
+        Controller::open(self.known(controller)?)
+    }
+}
+
+impl NvmeAdmin for Passthrough {
+    fn controllers(&self) -> Vec<String> {
+        self.controllers.iter().map(|c| c.display().to_string()).collect()
+    }
+
+    fn manages_namespaces(&self, controller: &str) -> io::Result<bool> {
+        self.open(controller)?.manages_namespaces()
+    }
+
+    fn create(&self, controller: &str, bytes: u64) -> io::Result<u32> {
+        self.open(controller)?.create_namespace(bytes)
+    }
+
+    fn delete(&self, controller: &str, nsid: u32) -> io::Result<()> {
+        self.open(controller)?.delete_namespace(nsid)
+    }
+
+    fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>> {
+        self.open(controller)?.namespaces()
+    }
+
+    fn namespace_identity(&self, controller: &str, nsid: u32) -> io::Result<String> {
+        self.open(controller)?.namespace_identity(nsid)
+    }
+
+    fn attach(&self, controller: &str, nsid: u32) -> io::Result<()> {
+        self.open(controller)?.attach(nsid).map(drop)
+    }
+
+    fn detach(&self, controller: &str, nsid: u32) -> io::Result<()> {
+        self.open(controller)?.detach(nsid)
+    }
+}
+
+impl KernelAdmin for Passthrough {
+    fn open_namespace(&self, controller: &str, nsid: u32) -> io::Result<HeldDevice> {
+        self.known(controller)?;
+        let device = self.block_device(controller, nsid)?;
         HeldDevice::open(&device).map_err(io::Error::other)
     }
 }
@@ -292,18 +315,6 @@ pub fn block_device(controller: &Path, nsid: u32) -> Option<PathBuf> {
         }
     }
     None
-}
-
-/// One namespace of a controller's subsystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PoolNamespace {
-    pub nsid: u32,
-    /// Attached to this controller (a block device exists for it).
-    pub attached: bool,
-    pub capacity_bytes: u64,
-    /// NMIC bit 0: the namespace may be attached to more than one
-    /// controller, so another host may write it. Never taken for a dataset.
-    pub shared: bool,
 }
 
 pub use spec::identity_is_blank;

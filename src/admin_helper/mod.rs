@@ -17,14 +17,15 @@ pub mod serve;
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 use sluice_control::claim::HeldDevice;
-use sluice_control::nvme::{KernelAdmin, PoolNamespace};
+use sluice_control::nvme::KernelAdmin;
+use sluice_dataplane::{NvmeAdmin, NvmeNamespace};
 
 use proto::{decode, encode, Reply, Request, DESCRIPTORS_MAX, MESSAGE_BYTES_MAX};
 pub use serve::{serve_if_asked, HELPER_FLAG};
@@ -90,11 +91,11 @@ impl AdminHelper {
         Self { controllers, link: Mutex::new(link) }
     }
 
-    fn index(&self, controller: &Path) -> io::Result<u16> {
-        let index = self.controllers.iter().position(|c| c == controller).ok_or_else(|| {
+    fn index(&self, controller: &str) -> io::Result<u16> {
+        let index = self.controllers.iter().position(|c| c.as_os_str() == controller).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{} is not one of the controllers the helper serves", controller.display()),
+                format!("{controller} is not one of the controllers the helper serves"),
             )
         })?;
         u16::try_from(index).map_err(|_| io::Error::other("too many controllers"))
@@ -124,7 +125,7 @@ impl AdminHelper {
     /// back any other).
     fn ask<T>(
         &self,
-        controller: &Path,
+        controller: &str,
         request: impl FnOnce(u16) -> Request,
         accept: impl FnOnce(Reply, Vec<OwnedFd>) -> Result<T, Reply>,
     ) -> io::Result<T> {
@@ -141,8 +142,12 @@ fn gone(err: io::Error) -> io::Error {
     io::Error::new(err.kind(), format!("the NVMe admin helper is gone or stuck: {err}"))
 }
 
-impl KernelAdmin for AdminHelper {
-    fn manages_namespaces(&self, controller: &Path) -> io::Result<bool> {
+impl NvmeAdmin for AdminHelper {
+    fn controllers(&self) -> Vec<String> {
+        self.controllers.iter().map(|c| c.display().to_string()).collect()
+    }
+
+    fn manages_namespaces(&self, controller: &str) -> io::Result<bool> {
         self.ask(
             controller,
             |controller| Request::ManagesNamespaces { controller },
@@ -153,7 +158,7 @@ impl KernelAdmin for AdminHelper {
         )
     }
 
-    fn create_namespace(&self, controller: &Path, bytes: u64) -> io::Result<u32> {
+    fn create(&self, controller: &str, bytes: u64) -> io::Result<u32> {
         self.ask(
             controller,
             |controller| Request::Create { controller, bytes },
@@ -164,7 +169,7 @@ impl KernelAdmin for AdminHelper {
         )
     }
 
-    fn delete_namespace(&self, controller: &Path, nsid: u32) -> io::Result<()> {
+    fn delete(&self, controller: &str, nsid: u32) -> io::Result<()> {
         self.ask(
             controller,
             |controller| Request::Delete { controller, nsid },
@@ -172,7 +177,7 @@ impl KernelAdmin for AdminHelper {
         )
     }
 
-    fn namespaces(&self, controller: &Path) -> io::Result<Vec<PoolNamespace>> {
+    fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>> {
         self.ask(
             controller,
             |controller| Request::Namespaces { controller },
@@ -183,7 +188,7 @@ impl KernelAdmin for AdminHelper {
         )
     }
 
-    fn namespace_identity(&self, controller: &Path, nsid: u32) -> io::Result<String> {
+    fn namespace_identity(&self, controller: &str, nsid: u32) -> io::Result<String> {
         self.ask(
             controller,
             |controller| Request::Identity { controller, nsid },
@@ -194,26 +199,25 @@ impl KernelAdmin for AdminHelper {
         )
     }
 
-    fn attach(&self, controller: &Path, nsid: u32) -> io::Result<PathBuf> {
+    fn attach(&self, controller: &str, nsid: u32) -> io::Result<()> {
         self.ask(
             controller,
             |controller| Request::Attach { controller, nsid },
-            |r, _| match r {
-                Reply::Attached(device) => Ok(device),
-                other => Err(other),
-            },
+            |r, _| if r == Reply::Done { Ok(()) } else { Err(r) },
         )
     }
 
-    fn detach(&self, controller: &Path, nsid: u32) -> io::Result<()> {
+    fn detach(&self, controller: &str, nsid: u32) -> io::Result<()> {
         self.ask(
             controller,
             |controller| Request::Detach { controller, nsid },
             |r, _| if r == Reply::Done { Ok(()) } else { Err(r) },
         )
     }
+}
 
-    fn open_namespace(&self, controller: &Path, nsid: u32) -> io::Result<HeldDevice> {
+impl KernelAdmin for AdminHelper {
+    fn open_namespace(&self, controller: &str, nsid: u32) -> io::Result<HeldDevice> {
         self.ask(
             controller,
             |controller| Request::Open { controller, nsid },

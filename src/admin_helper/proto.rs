@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use sluice_control::nvme::PoolNamespace;
+use sluice_dataplane::NvmeNamespace;
 
 /// The largest datagram either side sends or accepts: a reply listing a
 /// controller's namespaces is the largest message (about 70 bytes a
@@ -64,10 +64,8 @@ pub enum Reply {
     Done,
     Flag(bool),
     Nsid(u32),
-    Namespaces(Vec<PoolNamespace>),
+    Namespaces(Vec<NvmeNamespace>),
     Identity(String),
-    /// The block device of the namespace attached.
-    Attached(PathBuf),
     /// The device opened; its control and O_DIRECT descriptors ride along,
     /// in that order.
     Opened {
@@ -134,7 +132,7 @@ mod tests {
             assert_eq!(decode::<Request>(&bytes), Ok(request));
         }
         let reply =
-            Reply::Namespaces(vec![PoolNamespace { nsid: 3, attached: false, capacity_bytes: 64 << 20, shared: true }]);
+            Reply::Namespaces(vec![NvmeNamespace { nsid: 3, attached: false, capacity_bytes: 64 << 20, shared: true }]);
         assert_eq!(decode::<Reply>(&encode(&reply).expect("encode")), Ok(reply));
     }
 
@@ -142,7 +140,7 @@ mod tests {
     #[test]
     fn the_largest_namespace_list_fits_in_a_message() {
         let all = (1..=1024)
-            .map(|nsid| PoolNamespace {
+            .map(|nsid| NvmeNamespace {
                 nsid: u32::MAX - nsid,
                 attached: true,
                 capacity_bytes: u64::MAX,

@@ -12,7 +12,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use sluice_control::claim::HeldDevice;
@@ -54,7 +54,7 @@ fn run(controllers: &[PathBuf]) -> Result<(), String> {
         return Err(format!("{} controllers given; the node gives one or more", controllers.len()));
     }
     keep_only_sys_admin()?;
-    serve(socket, controllers, &Passthrough)
+    serve(socket, controllers, &Passthrough::new(controllers.to_vec()))
 }
 
 /// Leaves this process `CAP_SYS_ADMIN` (NVMe admin passthrough and
@@ -101,34 +101,35 @@ pub fn serve(socket: BorrowedFd<'_>, controllers: &[PathBuf], admin: &dyn Kernel
 /// One request's reply, and the device it opened if it opened one.
 pub fn answer(request: &Request, controllers: &[PathBuf], admin: &dyn KernelAdmin) -> (Reply, Option<HeldDevice>) {
     let Some(index) = request.controller() else { return (Reply::Done, None) };
-    let Some(controller) = controllers.get(usize::from(index)) else {
+    let Some(path) = controllers.get(usize::from(index)) else {
         let why = format!("controller {index} is not one of the {} the helper was started with", controllers.len());
         return (Reply::Failed(why), None);
     };
-    let failed = |err: io::Error| Reply::Failed(format!("{}: {err}", controller.display()));
+    let controller = &*path.display().to_string();
+    let failed = |err: io::Error| Reply::Failed(format!("{controller}: {err}"));
     let reply = |result: io::Result<Reply>| (result.unwrap_or_else(failed), None);
     match *request {
         Request::Ping => (Reply::Done, None),
         Request::ManagesNamespaces { .. } => reply(admin.manages_namespaces(controller).map(Reply::Flag)),
         Request::Create { bytes, .. } => {
-            eprintln!("sluice nvme admin helper: creating a namespace of {bytes} bytes on {}", controller.display());
-            reply(admin.create_namespace(controller, bytes).map(Reply::Nsid))
+            eprintln!("sluice nvme admin helper: creating a namespace of {bytes} bytes on {controller}");
+            reply(admin.create(controller, bytes).map(Reply::Nsid))
         }
         Request::Delete { nsid, .. } => {
-            eprintln!("sluice nvme admin helper: deleting namespace {nsid} of {}", controller.display());
-            reply(admin.delete_namespace(controller, nsid).map(|()| Reply::Done))
+            eprintln!("sluice nvme admin helper: deleting namespace {nsid} of {controller}");
+            reply(admin.delete(controller, nsid).map(|()| Reply::Done))
         }
         Request::Namespaces { .. } => reply(admin.namespaces(controller).map(Reply::Namespaces)),
         Request::Identity { nsid, .. } => reply(admin.namespace_identity(controller, nsid).map(Reply::Identity)),
         Request::Attach { nsid, .. } => match unshared(admin, controller, nsid) {
             Ok(()) => {
-                eprintln!("sluice nvme admin helper: attaching namespace {nsid} of {}", controller.display());
-                reply(admin.attach(controller, nsid).map(Reply::Attached))
+                eprintln!("sluice nvme admin helper: attaching namespace {nsid} of {controller}");
+                reply(admin.attach(controller, nsid).map(|()| Reply::Done))
             }
             Err(err) => (Reply::Failed(err), None),
         },
         Request::Detach { nsid, .. } => {
-            eprintln!("sluice nvme admin helper: detaching namespace {nsid} of {}", controller.display());
+            eprintln!("sluice nvme admin helper: detaching namespace {nsid} of {controller}");
             reply(admin.detach(controller, nsid).map(|()| Reply::Done))
         }
         Request::Open { nsid, .. } => match admin.open_namespace(controller, nsid) {
@@ -143,14 +144,13 @@ pub fn answer(request: &Request, controllers: &[PathBuf], admin: &dyn KernelAdmi
 
 /// Refuses a namespace another controller may attach too (NMIC), whatever
 /// the node asks: another host may write it.
-fn unshared(admin: &dyn KernelAdmin, controller: &Path, nsid: u32) -> Result<(), String> {
-    let namespaces = admin.namespaces(controller).map_err(|e| format!("{}: {e}", controller.display()))?;
+fn unshared(admin: &dyn KernelAdmin, controller: &str, nsid: u32) -> Result<(), String> {
+    let namespaces = admin.namespaces(controller).map_err(|e| format!("{controller}: {e}"))?;
     match namespaces.iter().find(|ns| ns.nsid == nsid) {
-        None => Err(format!("{} has no namespace {nsid}", controller.display())),
-        Some(ns) if ns.shared => Err(format!(
-            "namespace {nsid} of {} is shared with other controllers (NMIC): never attached",
-            controller.display()
-        )),
+        None => Err(format!("{controller} has no namespace {nsid}")),
+        Some(ns) if ns.shared => {
+            Err(format!("namespace {nsid} of {controller} is shared with other controllers (NMIC): never attached"))
+        }
         Some(_) => Ok(()),
     }
 }

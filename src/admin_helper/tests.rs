@@ -16,36 +16,42 @@ struct Stand {
     attaches: AtomicU32,
 }
 
-impl KernelAdmin for Stand {
-    fn manages_namespaces(&self, _: &Path) -> io::Result<bool> {
+impl NvmeAdmin for Stand {
+    fn controllers(&self) -> Vec<String> {
+        vec![CONTROLLER.into()]
+    }
+    fn manages_namespaces(&self, _: &str) -> io::Result<bool> {
         Ok(false)
     }
-    fn create_namespace(&self, _: &Path, _: u64) -> io::Result<u32> {
+    fn create(&self, _: &str, _: u64) -> io::Result<u32> {
         Err(io::Error::other("NVMe status 0x2"))
     }
-    fn delete_namespace(&self, _: &Path, _: u32) -> io::Result<()> {
+    fn delete(&self, _: &str, _: u32) -> io::Result<()> {
         Ok(())
     }
-    fn namespaces(&self, _: &Path) -> io::Result<Vec<PoolNamespace>> {
+    fn namespaces(&self, _: &str) -> io::Result<Vec<NvmeNamespace>> {
         Ok(vec![
-            PoolNamespace { nsid: 1, attached: false, capacity_bytes: 4096, shared: false },
-            PoolNamespace { nsid: 2, attached: false, capacity_bytes: 4096, shared: true },
+            NvmeNamespace { nsid: 1, attached: false, capacity_bytes: 4096, shared: false },
+            NvmeNamespace { nsid: 2, attached: false, capacity_bytes: 4096, shared: true },
         ])
     }
-    fn namespace_identity(&self, _: &Path, nsid: u32) -> io::Result<String> {
+    fn namespace_identity(&self, _: &str, nsid: u32) -> io::Result<String> {
         if nsid == SLOW_NSID {
             std::thread::sleep(std::time::Duration::from_millis(400));
         }
         Ok(format!("id-{nsid}"))
     }
-    fn attach(&self, _: &Path, _: u32) -> io::Result<PathBuf> {
+    fn attach(&self, _: &str, _: u32) -> io::Result<()> {
         self.attaches.fetch_add(1, Ordering::SeqCst);
-        Ok(self.device.clone())
-    }
-    fn detach(&self, _: &Path, _: u32) -> io::Result<()> {
         Ok(())
     }
-    fn open_namespace(&self, _: &Path, nsid: u32) -> io::Result<HeldDevice> {
+    fn detach(&self, _: &str, _: u32) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl KernelAdmin for Stand {
+    fn open_namespace(&self, _: &str, nsid: u32) -> io::Result<HeldDevice> {
         if nsid != 1 {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("namespace {nsid} is not attached")));
         }
@@ -86,7 +92,7 @@ fn stand() -> (tempfile::TempDir, Arc<Stand>) {
 fn an_opened_namespace_comes_back_as_descriptors() {
     let (_dir, stand) = stand();
     let (helper, thread) = helper(Arc::clone(&stand));
-    let held = helper.open_namespace(Path::new(CONTROLLER), 1).expect("open");
+    let held = helper.open_namespace(CONTROLLER, 1).expect("open");
     assert_eq!(held.path, stand.device);
     assert_eq!(held.capacity_bytes, 4096);
     let mut head = [0u8; 16];
@@ -96,7 +102,7 @@ fn an_opened_namespace_comes_back_as_descriptors() {
     let mut start = [0u8; 7];
     File::open(&stand.device).expect("reopen").read_exact(&mut start).expect("read");
     assert_eq!(&start, b"written");
-    let err = helper.open_namespace(Path::new(CONTROLLER), 3).expect_err("not attached");
+    let err = helper.open_namespace(CONTROLLER, 3).expect_err("not attached");
     assert!(err.to_string().contains("namespace 3 is not attached"), "{err}");
     drop(helper);
     thread.join().expect("join").expect("the helper ends when the node closes its end");
@@ -108,7 +114,7 @@ fn an_opened_namespace_comes_back_as_descriptors() {
 fn only_the_configured_controllers_are_served() {
     let (_dir, stand) = stand();
     let (helper, _thread) = helper(stand);
-    let err = helper.namespaces(Path::new("/dev/nvme9")).expect_err("not configured");
+    let err = helper.namespaces("/dev/nvme9").expect_err("not configured");
     assert!(err.to_string().contains("not one of the controllers"), "{err}");
     let (reply, _) = helper.call(&Request::Detach { controller: 1, nsid: 1 }).expect("call");
     assert_eq!(reply, Reply::Failed("controller 1 is not one of the 1 the helper was started with".into()));
@@ -119,12 +125,12 @@ fn only_the_configured_controllers_are_served() {
 fn the_helper_never_attaches_a_shared_namespace() {
     let (_dir, stand) = stand();
     let (helper, _thread) = helper(Arc::clone(&stand));
-    let err = helper.attach(Path::new(CONTROLLER), 2).expect_err("shared");
+    let err = helper.attach(CONTROLLER, 2).expect_err("shared");
     assert!(err.to_string().contains("shared with other controllers"), "{err}");
     assert_eq!(stand.attaches.load(Ordering::SeqCst), 0);
-    assert_eq!(helper.attach(Path::new(CONTROLLER), 1).expect("attach"), stand.device);
+    helper.attach(CONTROLLER, 1).expect("attach");
     assert_eq!(stand.attaches.load(Ordering::SeqCst), 1);
-    let err = helper.create_namespace(Path::new(CONTROLLER), 1 << 20).expect_err("refused");
+    let err = helper.create(CONTROLLER, 1 << 20).expect_err("refused");
     assert!(err.to_string().contains("NVMe status 0x2"), "{err}");
 }
 
@@ -143,7 +149,7 @@ fn a_malformed_request_is_answered_and_survived() {
         let reply: Reply = decode(&buf[..n]).expect("decode");
         assert!(matches!(&reply, Reply::Failed(why) if why.contains("malformed")), "{reply:?}");
     }
-    assert_eq!(helper.namespace_identity(Path::new(CONTROLLER), 1).expect("identity"), "id-1");
+    assert_eq!(helper.namespace_identity(CONTROLLER, 1).expect("identity"), "id-1");
 }
 
 /// A helper that is gone fails each call at once, never hangs.
@@ -154,7 +160,7 @@ fn a_gone_helper_is_an_error() {
             .expect("socketpair");
     drop(theirs);
     let helper = AdminHelper::over(ours, vec![PathBuf::from(CONTROLLER)]);
-    let err = helper.namespaces(Path::new(CONTROLLER)).expect_err("gone");
+    let err = helper.namespaces(CONTROLLER).expect_err("gone");
     assert!(err.to_string().contains("the NVMe admin helper is gone"), "{err}");
 }
 
@@ -170,9 +176,9 @@ fn a_late_reply_never_answers_the_next_request() {
         let patience = nix::sys::time::TimeVal::new(0, 100_000);
         socket::setsockopt(socket, socket::sockopt::ReceiveTimeout, &patience).expect("timeout");
     }
-    let err = helper.namespace_identity(Path::new(CONTROLLER), SLOW_NSID).expect_err("too slow");
+    let err = helper.namespace_identity(CONTROLLER, SLOW_NSID).expect_err("too slow");
     assert!(err.to_string().contains("gone or stuck"), "{err}");
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let next = helper.namespace_identity(Path::new(CONTROLLER), 1);
+    let next = helper.namespace_identity(CONTROLLER, 1);
     assert!(next.is_err(), "the late reply answered the next request: {next:?}");
 }

@@ -1,6 +1,7 @@
 //! Choosing a namespace for a new dataset: a free namespace device, else a
-//! namespace attached from a configured controller, else a file; one
-//! allocator lock and this node's copy records decide what is in use.
+//! namespace of a configured controller ([`nvme_pool`], the allocator both
+//! NVMe admin stacks share), else a file; one allocator lock and this
+//! node's copy records decide what is in use.
 
 use super::*;
 
@@ -112,10 +113,10 @@ impl ControlPlane {
         if !free.is_empty() {
             why_not.push(format!("no free namespace device holds {} bytes", size_hint.unwrap_or(0)));
         }
-        for path in &self.nvme_controllers {
-            match self.attach_from(path, size_hint) {
+        if !self.nvme_controllers.is_empty() {
+            match self.take_from_controllers(size_hint) {
                 Ok(record) => return record,
-                Err(err) => why_not.push(err),
+                Err(why) => why_not.extend(why),
             }
         }
         file(format!(
@@ -126,84 +127,28 @@ impl ControlPlane {
         ))
     }
 
-    /// A namespace of the controller at `path` for a new dataset. With a
-    /// size: a namespace of exactly that size, created through Namespace
-    /// Management where the controller allows it. Otherwise, or when the
-    /// controller refuses create: a detached namespace of its pool, the
-    /// smallest that holds the size, or the first without one.
-    pub(super) fn attach_from(&self, path: &Path, size_hint: Option<u64>) -> Result<NamespaceRecord, String> {
-        let admin = &*self.kernel_admin;
-        let mut create_refused = String::new();
-        if let Some(bytes) = size_hint {
-            match admin.manages_namespaces(path) {
-                Ok(true) => match self.create_on(path, bytes) {
-                    Ok(record) => return Ok(record),
-                    Err(err) => create_refused = format!("; namespace create refused ({err})"),
-                },
-                Ok(false) => create_refused = "; the controller has no namespace management".into(),
-                Err(err) => create_refused = format!("; namespace management unknown ({err})"),
-            }
-        }
-        let detached: Vec<(u32, u64)> = admin
-            .namespaces(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .into_iter()
-            .filter(|ns| !ns.attached && !ns.shared)
-            .map(|ns| (ns.nsid, ns.capacity_bytes))
-            .collect();
-        if detached.is_empty() {
-            return Err(format!(
-                "{} has no detached namespace that is not shared with other controllers (NMIC){create_refused}",
-                path.display()
-            ));
-        }
-        let (nsid, capacity_bytes) = best_fit(&detached, size_hint).ok_or_else(|| {
-            format!(
-                "no detached namespace of {} holds {} bytes{create_refused}",
-                path.display(),
-                size_hint.unwrap_or(0)
-            )
-        })?;
-        let device = self.attach_recorded(path, nsid, false)?;
-        tracing::info!("attached namespace {nsid} of {} as {}", path.display(), device.display());
-        let reason = format!(
-            "a whole NVMe namespace attached for it: namespace {nsid} of {}, {capacity_bytes} bytes ({} were detached{}){create_refused}",
-            path.display(),
-            detached.len(),
-            hint_words(size_hint),
-        );
-        Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), reason)
-            .attached_as(crate::nvme::attachment_label(path, nsid), false))
-    }
-
-    /// Creates a namespace of `bytes` on `controller` and attaches it; a
-    /// namespace made but not attached is deleted again.
-    pub(super) fn create_on(&self, path: &Path, bytes: u64) -> Result<NamespaceRecord, String> {
-        let admin = &*self.kernel_admin;
-        let nsid = admin.create_namespace(path, bytes).map_err(|e| e.to_string())?;
-        let device = match self.attach_recorded(path, nsid, true) {
-            Ok(device) => device,
-            Err(err) => {
-                if let Err(cleanup) = admin.delete_namespace(path, nsid) {
-                    tracing::warn!("deleting namespace {nsid} of {} after a failed attach: {cleanup}", path.display());
-                }
-                return Err(err);
-            }
-        };
-        tracing::info!("created namespace {nsid} of {} ({bytes} bytes) as {}", path.display(), device.display());
-        let reason = format!(
-            "a whole NVMe namespace created for it: namespace {nsid} of {}, {bytes} bytes asked",
-            path.display()
-        );
-        Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), reason)
-            .attached_as(crate::nvme::attachment_label(path, nsid), true))
+    /// A namespace of the configured controllers, through the kernel's
+    /// admin stack: created for the size where the controller allows it,
+    /// else the smallest detached one of their pools that holds it
+    /// ([`nvme_pool::take`]); attached and recorded as this node's.
+    fn take_from_controllers(&self, size_hint: Option<u64>) -> Result<NamespaceRecord, Vec<String>> {
+        let attach = |controller: &str, nsid: u32, created: bool| self.attach_recorded(controller, nsid, created);
+        let stack = nvme_pool::Stack { admin: &*self.kernel_admin, label: "", active_in_use: None, attach: &attach };
+        let taken = nvme_pool::take(&stack, size_hint)?;
+        let device =
+            taken.attached.ok_or_else(|| vec!["the kernel's active namespaces are not offered".to_string()])?;
+        tracing::info!("took namespace {} of {} as {}", taken.nsid, taken.controller, device.display());
+        let label = crate::nvme::attachment_label(Path::new(&taken.controller), taken.nsid);
+        Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), taken.reason)
+            .attached_as(label, taken.found == nvme_pool::Found::Created))
     }
 
     /// Attaches `nsid`, first writing it into the ledger of namespaces
-    /// this node attached (so a crash right after leaves it owned).
-    pub(super) fn attach_recorded(&self, controller: &Path, nsid: u32, created: bool) -> Result<PathBuf, String> {
+    /// this node attached (so a crash right after leaves it owned): its
+    /// block device.
+    pub(super) fn attach_recorded(&self, controller: &str, nsid: u32, created: bool) -> Result<PathBuf, String> {
         let admin = &*self.kernel_admin;
-        let label = crate::nvme::attachment_label(controller, nsid);
+        let label = crate::nvme::attachment_label(Path::new(controller), nsid);
         let identity = admin.namespace_identity(controller, nsid).map_err(|e| format!("identifying {label}: {e}"))?;
         if crate::nvme::identity_is_blank(&identity) {
             tracing::warn!("{label} reports no NGUID or EUI64: only its NSID identifies it before a detach");
@@ -211,7 +156,7 @@ impl ControlPlane {
         self.attach_ledger
             .insert(ownership::Attachment { label: label.clone(), identity, created })
             .map_err(|e| format!("recording the attachment of {label}: {e}"))?;
-        admin.attach(controller, nsid).map_err(|e| {
+        admin.attach(controller, nsid).and_then(|()| admin.block_device(controller, nsid)).map_err(|e| {
             if let Err(forget) = self.attach_ledger.remove(&label) {
                 tracing::warn!("forgetting the failed attachment of {label}: {forget}");
             }

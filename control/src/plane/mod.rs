@@ -29,6 +29,7 @@ mod access;
 mod allocator;
 mod datasets;
 mod namespaces;
+mod nvme_pool;
 mod orphans;
 mod ownership;
 mod policy;
@@ -38,7 +39,6 @@ mod reports;
 mod sources;
 mod user_space;
 
-use allocator::{best_fit, hint_words};
 pub use datasets::{IndexSource, IngestSession};
 pub use reads::Resolver;
 pub use sources::SourceSpec;
@@ -292,7 +292,7 @@ impl ControlPlane {
         adopt: bool,
     ) -> Result<Self, ControlError> {
         let NamespacePool { devices, controllers: nvme_controllers, admin, claim: claimed_devices } = pool;
-        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough));
+        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough::new(nvme_controllers.clone())));
         let mut namespace_devices = Vec::with_capacity(devices.len());
         for device in &devices {
             let held = crate::claim::HeldDevice::open(device)
@@ -405,7 +405,7 @@ impl ControlPlane {
 
 #[cfg(test)]
 mod tests {
-    use super::best_fit;
+    use super::allocator::best_fit;
 
     /// With a size, the smallest candidate that holds it; none when none
     /// does; without one, the first (the order the operator listed them).

@@ -14,7 +14,7 @@ impl ControlPlane {
             NamespaceKind::File => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
             NamespaceKind::Device => self.device_spec(&record.namespace).map_err(|e| self.ns_error(record, e))?,
             NamespaceKind::Nvme => {
-                let (controller, nsid) = user_space::parse_nvme_path(&record.namespace.path)
+                let (controller, nsid) = nvme_pool::parse_nvme_path(&record.namespace.path)
                     .ok_or_else(|| self.ns_error(record, "an nvme namespace path is PCI_ADDRESS/NSID"))?;
                 NamespaceSpec::Nvme { controller, nsid }
             }
@@ -46,7 +46,10 @@ impl ControlPlane {
         if let Some(held) = attached.get(label) {
             return Ok(held_spec(held));
         }
-        let held = self.kernel_admin.open_namespace(&controller, nsid).map_err(|e| format!("opening {label}: {e}"))?;
+        let held = self
+            .kernel_admin
+            .open_namespace(&controller.display().to_string(), nsid)
+            .map_err(|e| format!("opening {label}: {e}"))?;
         if held.path != Path::new(&namespace.path) {
             return Err(format!("{label} is {}, not {}", held.path.display(), namespace.path));
         }
@@ -75,7 +78,7 @@ impl ControlPlane {
             // The device goes back to the pool; tell it the bytes are free,
             // and no more than the dataset used.
             let used = record.length_bytes.next_multiple_of(CHUNK_SIZE_BYTES);
-            let spec = match user_space::parse_nvme_path(&record.namespace.path) {
+            let spec = match nvme_pool::parse_nvme_path(&record.namespace.path) {
                 Some((controller, nsid)) if record.namespace.kind == NamespaceKind::Nvme => {
                     Ok(NamespaceSpec::Nvme { controller, nsid })
                 }
@@ -118,13 +121,14 @@ impl ControlPlane {
             attached.remove(label);
         }
         let admin = &*self.kernel_admin;
-        match admin.detach(&controller, nsid) {
+        let name = controller.display().to_string();
+        match admin.detach(&name, nsid) {
             Ok(()) => {
                 tracing::info!("detached namespace {nsid} of {}", controller.display());
                 // One created for the dataset goes back to unallocated
                 // capacity; one from the pool stays in the pool.
                 if entry.created {
-                    match admin.delete_namespace(&controller, nsid) {
+                    match admin.delete(&name, nsid) {
                         Ok(()) => tracing::info!("deleted namespace {nsid} of {}", controller.display()),
                         Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
                     }

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::{user_space, ControlError, ControlPlane};
+use super::{nvme_pool, ControlError, ControlPlane};
 use crate::catalog::{NamespaceKind, NamespaceRecord};
 
 /// A namespace this node attached (and maybe created) on a controller.
@@ -131,7 +131,7 @@ impl ControlPlane {
                 Some(label) => self.check_attachment(label, &namespace.path).map_err(refused),
             },
             NamespaceKind::Nvme => {
-                let Some((controller, _)) = user_space::parse_nvme_path(&namespace.path) else {
+                let Some((controller, _)) = nvme_pool::parse_nvme_path(&namespace.path) else {
                     return Err(refused("an nvme namespace path is PCI_ADDRESS/NSID".into()));
                 };
                 let driven = self.driver.nvme_admin().is_some_and(|admin| admin.controllers().contains(&controller));
@@ -163,8 +163,10 @@ impl ControlPlane {
         if crate::nvme::block_device(&controller, nsid).as_deref() != Some(Path::new(device)) {
             return Err(format!("{device} is not the block device of namespace {nsid} of {}", controller.display()));
         }
-        let identity =
-            self.kernel_admin.namespace_identity(&controller, nsid).map_err(|e| format!("identifying {label}: {e}"))?;
+        let identity = self
+            .kernel_admin
+            .namespace_identity(&controller.display().to_string(), nsid)
+            .map_err(|e| format!("identifying {label}: {e}"))?;
         if identity != entry.identity {
             return Err(format!("namespace {label} is now {identity}, not the {} this node attached", entry.identity));
         }

@@ -66,7 +66,7 @@ impl ControlPlane {
     /// else did) or `nvme_detached` (free for the next dataset). A
     /// controller that does not answer is reported with its error as kind.
     pub(super) fn controller_pool(&self, controller: &std::path::Path, records: &[DatasetRecord]) -> Vec<DeviceReport> {
-        let namespaces = self.kernel_admin.namespaces(controller);
+        let namespaces = self.kernel_admin.namespaces(&controller.display().to_string());
         let namespaces = match namespaces {
             Ok(namespaces) => namespaces,
             Err(err) => {

@@ -141,7 +141,7 @@ pub trait BlockDriver: Send + Sync {
 }
 
 /// One namespace of a controller's subsystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NvmeNamespace {
     pub nsid: u32,
     /// Attached to (active on) this controller.
@@ -152,10 +152,15 @@ pub struct NvmeNamespace {
     pub shared: bool,
 }
 
-/// NVMe namespace management on controllers a user-space driver owns:
-/// what the control plane's allocator needs to give each dataset a
-/// namespace and take it back. Controllers are named by PCI address.
+/// NVMe namespace management: what the control plane's one allocator
+/// needs to give each dataset a namespace and take it back, whoever issues
+/// the admin commands. Two stacks implement it: SPDK on the controllers it
+/// owns (named by PCI address) and the kernel's passthrough ioctls
+/// (`sluice_control::nvme`, named by `/dev/nvmeX`, in the node or its
+/// privileged helper). Identify is parsed by [`crate::nvme_spec`] for both.
 pub trait NvmeAdmin: Send + Sync {
+    /// The controllers this stack may manage, by the names the other calls
+    /// take.
     fn controllers(&self) -> Vec<String>;
     /// Every namespace of the controller's subsystem it can attach.
     fn namespaces(&self, controller: &str) -> io::Result<Vec<NvmeNamespace>>;
