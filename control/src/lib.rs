@@ -29,7 +29,7 @@ pub use sluice_proto::tar;
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};
 pub use plane::{
     CatalogChoice, ClusterStatus, ControlError, ControlPlane, DeviceReport, IndexSource, IngestSession, NamespacePool,
-    PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport, SourceSpec,
+    PolicyControl, PolicyRules, ReplicaJob, ReplicaTarget, Resolver, ScrubReport, SourceSpec, TraceSource,
 };
 pub use sluice_proto::api::DatasetKind;
 pub use sluice_proto::NodeInfo;

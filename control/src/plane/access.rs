@@ -2,18 +2,93 @@
 
 use super::*;
 
+/// Most grant-table refreshes a second that unknown tokens may cause.
+const UNKNOWN_TOKEN_REFRESHES_PER_S_MAX: u32 = 8;
+
+/// What this module owns of the plane: the access policy and this node's
+/// copy of the grant table, and who hears of revocations.
+pub(super) struct Access {
+    /// Who may call what (operator tokens and certificates, `--insecure`).
+    policy: RwLock<Arc<AccessPolicy>>,
+    /// Grants by token hash, mirrored from the catalog.
+    grants: RwLock<HashMap<String, GrantRecord>>,
+    /// Bumped at every revocation; sessions re-check their grants.
+    revocations: tokio::sync::watch::Sender<u64>,
+    /// Grant-table refreshes made for unknown tokens (in a cluster) in the
+    /// current one-second window, so a stream of bad tokens costs etcd at
+    /// most [`UNKNOWN_TOKEN_REFRESHES_PER_S_MAX`] reads a second.
+    unknown_token_refreshes: Mutex<(std::time::Instant, u32)>,
+}
+
+impl Access {
+    /// No grants yet (the plane loads the catalog's once it recovered),
+    /// the default policy.
+    pub(super) fn new() -> Self {
+        Self {
+            policy: RwLock::new(Arc::new(AccessPolicy::default())),
+            grants: RwLock::new(HashMap::new()),
+            revocations: tokio::sync::watch::Sender::new(0),
+            unknown_token_refreshes: Mutex::new((std::time::Instant::now(), 0)),
+        }
+    }
+
+    /// Told of every revocation (the epoch it bumps).
+    pub(super) fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revocations.subscribe()
+    }
+
+    /// The ids of the grants of dataset `dataset_id`.
+    pub(super) fn grants_of(&self, dataset_id: u64) -> Vec<u64> {
+        let grants = self.grants.read();
+        grants.map(|g| g.values().filter(|g| g.dataset_id == dataset_id).map(|g| g.id).collect()).unwrap_or_default()
+    }
+
+    /// How many grants stand.
+    pub(super) fn grant_count(&self) -> usize {
+        self.grants.read().map(|g| g.len()).unwrap_or(0)
+    }
+
+    /// Takes the catalog's table as this node's; sessions hear of any
+    /// grant it no longer has.
+    pub(super) fn replace_grants(&self, fresh: Vec<GrantRecord>) {
+        let fresh: HashMap<String, GrantRecord> = fresh.into_iter().map(|g| (g.token_hash.clone(), g)).collect();
+        let Ok(mut map) = self.grants.write() else { return };
+        let revoked = map.keys().any(|hash| !fresh.contains_key(hash));
+        *map = fresh;
+        drop(map);
+        if revoked {
+            self.revoked();
+        }
+    }
+
+    fn revoked(&self) {
+        self.revocations.send_modify(|epoch| *epoch += 1);
+    }
+
+    /// Whether an unknown token may refresh the table now (a few a second).
+    fn unknown_token_refresh_due(&self) -> bool {
+        self.unknown_token_refreshes.lock().is_ok_and(|mut window| {
+            if window.0.elapsed() >= std::time::Duration::from_secs(1) {
+                *window = (std::time::Instant::now(), 0);
+            }
+            window.1 += 1;
+            window.1 <= UNKNOWN_TOKEN_REFRESHES_PER_S_MAX
+        })
+    }
+}
+
 impl ControlPlane {
     /// Who may call what. With `insecure`, every client that reaches the
     /// data port reads every sealed dataset and the control API checks no
     /// credential: for local development; the node says so.
     pub fn set_access(&self, policy: AccessPolicy) {
-        if let Ok(mut access) = self.access.write() {
+        if let Ok(mut access) = self.access.policy.write() {
             *access = Arc::new(policy);
         }
     }
 
     pub fn access(&self) -> Arc<AccessPolicy> {
-        self.access.read().map(|a| Arc::clone(&a)).unwrap_or_default()
+        self.access.policy.read().map(|a| Arc::clone(&a)).unwrap_or_default()
     }
 
     pub fn insecure(&self) -> bool {
@@ -25,21 +100,14 @@ impl ControlPlane {
     /// bounded number of times a second for unknown tokens.
     pub fn grant_for_token(&self, token: &str) -> Option<GrantRecord> {
         let hash = grants::token_hash(token);
-        let lookup = || self.grants.read().ok().and_then(|g| g.get(&hash).cloned());
+        let lookup = || self.access.grants.read().ok().and_then(|g| g.get(&hash).cloned());
         if let Some(grant) = lookup() {
             return Some(grant);
         }
-        if self.cluster.is_none() || !token.starts_with(grants::TOKEN_PREFIX) {
+        if self.cluster.etcd().is_none() || !token.starts_with(grants::TOKEN_PREFIX) {
             return None;
         }
-        let due = self.unknown_token_refreshes.lock().is_ok_and(|mut window| {
-            if window.0.elapsed() >= std::time::Duration::from_secs(1) {
-                *window = (std::time::Instant::now(), 0);
-            }
-            window.1 += 1;
-            window.1 <= UNKNOWN_TOKEN_REFRESHES_PER_S_MAX
-        });
-        if due {
+        if self.access.unknown_token_refresh_due() {
             self.refresh_grants();
         }
         lookup()
@@ -83,7 +151,7 @@ impl ControlPlane {
         tracing::info!(grant = grant.id, client, dataset, "grant issued");
         let mut view = GrantView::from(&grant);
         view.token = Some(sluice_proto::codec::Secret::new(token));
-        if let Ok(mut map) = self.grants.write() {
+        if let Ok(mut map) = self.access.grants.write() {
             map.insert(grant.token_hash.clone(), grant);
         }
         Ok(view)
@@ -91,7 +159,7 @@ impl ControlPlane {
 
     pub fn list_grants(&self) -> Vec<GrantView> {
         let mut views: Vec<GrantView> =
-            self.grants.read().map(|g| g.values().map(GrantView::from).collect()).unwrap_or_default();
+            self.access.grants.read().map(|g| g.values().map(GrantView::from).collect()).unwrap_or_default();
         views.sort_by_key(|v| v.id);
         views
     }
@@ -103,13 +171,13 @@ impl ControlPlane {
         // Gone from the catalog either way; in a cluster this node's copy
         // of the table may still hold one revoked elsewhere: drop it, and
         // close its sessions, all the same.
-        let held = self.grants.write().map(|mut map| {
+        let held = self.access.grants.write().map(|mut map| {
             let before = map.len();
             map.retain(|_, g| g.id != id);
             map.len() != before
         });
         if existed || held.unwrap_or(false) {
-            self.revocations.send_modify(|epoch| *epoch += 1);
+            self.access.revoked();
         }
         if !existed {
             return Err(ControlError::UnknownGrant(id));
@@ -120,7 +188,7 @@ impl ControlPlane {
 
     /// Whether grant `id` still stands.
     pub fn grant_live(&self, id: u64) -> bool {
-        self.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id))
+        self.access.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id))
     }
 
     /// The grant `token` gives for `dataset` (checked against the dataset's

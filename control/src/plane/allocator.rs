@@ -24,7 +24,7 @@ impl ControlPlane {
     /// one, and so has a copy of a dataset deleted elsewhere that the reaper
     /// has not released yet.
     pub(super) fn namespaces_in_use(&self) -> Result<HashSet<String>, ControlError> {
-        Ok(match self.cluster.as_deref() {
+        Ok(match self.cluster.etcd() {
             Some(cluster) => cluster.own_replicas()?.into_values().map(|r| r.namespace.path).collect(),
             None => self.catalog.list()?.into_iter().map(|r| r.namespace.path).collect(),
         })

@@ -258,12 +258,7 @@ impl ControlPlane {
         let _guard = self.busy(name)?;
         let mut record = self.catalog.require(name)?;
         // Its grants go first, which also closes the sessions reading it.
-        let doomed: Vec<u64> = self
-            .grants
-            .read()
-            .map(|g| g.values().filter(|g| g.dataset_id == record.id).map(|g| g.id).collect())
-            .unwrap_or_default();
-        for id in doomed {
+        for id in self.access.grants_of(record.id) {
             match self.revoke_grant(id) {
                 // Revoked on another node since this one last looked.
                 Ok(()) | Err(ControlError::UnknownGrant(_)) => {}

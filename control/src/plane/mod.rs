@@ -40,6 +40,7 @@ mod sources;
 mod user_space;
 
 pub use datasets::{IndexSource, IngestSession};
+pub use policy::{PolicyControl, PolicyRules, TraceSource, POLICY_OBJECT_BYTES_MAX};
 pub use reads::Resolver;
 pub use sources::SourceSpec;
 
@@ -135,16 +136,8 @@ pub struct ControlPlane {
     /// Where files no record owns are quarantined until an operator
     /// purges them.
     orphan_dir: PathBuf,
-    /// The same catalog when it is etcd's: replicas and membership.
-    cluster: Option<Arc<EtcdCatalog>>,
-    /// Copies of each dataset a cluster keeps.
-    replication: usize,
-    /// How long a dataset may have fewer than `replication` live placed
-    /// nodes before a live node adds itself to its placement.
-    repair_after: std::time::Duration,
-    /// When each dataset was first seen short of live placed nodes.
-    short_since: Mutex<HashMap<String, std::time::Instant>>,
-    membership: Mutex<Option<Membership>>,
+    /// Membership, placement and replication when the catalog is etcd's.
+    cluster: replication::ClusterState,
     namespace_dir: PathBuf,
     /// Whole block devices (NVMe namespaces) given to this node, one per
     /// dataset, held open exclusively since start; datasets beyond them get
@@ -177,26 +170,13 @@ pub struct ControlPlane {
     attached: tokio::sync::Mutex<HashMap<String, Attached>>,
     busy: Mutex<HashSet<String>>,
     info: RwLock<NodeInfo>,
-    trace: RwLock<Option<TraceSource>>,
-    policy: RwLock<Option<Arc<dyn PolicyControl>>>,
-    policy_rules: RwLock<PolicyRules>,
-    /// Grants by token hash, mirrored from the catalog.
-    grants: RwLock<HashMap<String, GrantRecord>>,
-    /// Bumped at every revocation; sessions re-check their grants.
-    revocations: tokio::sync::watch::Sender<u64>,
-    /// Who may call what (operator tokens and certificates, `--insecure`).
-    access: RwLock<Arc<AccessPolicy>>,
-    /// Grant-table refreshes made for unknown tokens (in a cluster) in the
-    /// current one-second window, so a stream of bad tokens costs etcd at
-    /// most [`UNKNOWN_TOKEN_REFRESHES_PER_S_MAX`] reads a second.
-    unknown_token_refreshes: Mutex<(std::time::Instant, u32)>,
+    steering: policy::Steering,
+    access: access::Access,
     /// Serving counters per dataset name, shared with the transports.
     serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
     data_dir: PathBuf,
-    /// Object stores and how fetches from them behave.
-    sources: RwLock<Arc<crate::source::Sources>>,
-    /// Source-backed datasets' caches, by name, made at first open.
-    caches: Mutex<HashMap<String, Arc<crate::source::cache::ChunkCache>>>,
+    /// Object stores, and the caches of the datasets backed by them.
+    source_tier: sources::SourceTier,
 }
 
 /// Where a node may put datasets besides files in its data directory.
@@ -213,40 +193,8 @@ pub struct NamespacePool {
     pub claim: Vec<PathBuf>,
 }
 
-/// Produces the eBPF trace snapshot `GET /v1/trace` serves.
-pub type TraceSource = Arc<dyn Fn() -> sluice_proto::api::TraceSnapshot + Send + Sync>;
-
-/// The node's lane-steering policy as the control API manages it; the BPF
-/// side lives with the node binary, which sets this at start with `--ebpf`.
-pub trait PolicyControl: Send + Sync {
-    /// The policy attached now, decision counts, swaps so far.
-    fn show(&self) -> sluice_proto::api::PolicyReport;
-    /// Loads `object` (a BPF ELF object) as the policy, replacing the one
-    /// attached; on error the old one stays.
-    fn load(&self, name: &str, object: &[u8]) -> Result<sluice_proto::api::PolicyInfo, String>;
-    /// Detaches the policy; the size threshold decides again.
-    fn unload(&self) -> Result<sluice_proto::api::Unloaded, String>;
-}
-
-/// Largest policy object `PUT /v1/policy` takes.
-pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
-
 /// Index entries sent per piece of `GET .../index` (1 MiB).
 pub const INDEX_PIECE_ENTRIES: u64 = 65_536;
-
-/// Most grant-table refreshes a second that unknown tokens may cause.
-const UNKNOWN_TOKEN_REFRESHES_PER_S_MAX: u32 = 8;
-
-/// Whether policies may be loaded through the API, and which.
-#[derive(Clone, Debug, Default)]
-pub struct PolicyRules {
-    /// `policy_load = true`: operators may swap the policy at run time.
-    pub load_enabled: bool,
-    /// `policy_allowlist`: the sha256 of every object that may be loaded;
-    /// any object passing the checks when `None`.
-    pub allowlist: Option<Vec<[u8; 32]>>,
-}
-const STEERING_OFF: &str = "lane steering is off: start sluiced with --ebpf (as root)";
 
 /// Marks a dataset busy for the life of one ingest, seal or delete.
 pub struct BusyGuard<'a> {
@@ -319,13 +267,14 @@ impl ControlPlane {
             CatalogChoice::Etcd { node, .. } => Some(node.clone()),
             CatalogChoice::Local => None,
         };
-        let (catalog, cluster, replication, repair_after): (Arc<dyn CatalogStore>, _, _, _) = match choice {
+        let (catalog, cluster): (Arc<dyn CatalogStore>, _) = match choice {
             CatalogChoice::Local => {
-                (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), None, 1, std::time::Duration::MAX)
+                (Arc::new(Catalog::open(&data_dir.join("catalog.redb"))?), replication::ClusterState::single())
             }
             CatalogChoice::Etcd { endpoint, access, prefix, node, replicas, repair_after } => {
                 let etcd = Arc::new(EtcdCatalog::connect_with(&endpoint, &access, &prefix, &node)?);
-                (Arc::clone(&etcd) as Arc<dyn CatalogStore>, Some(etcd), replicas.max(1), repair_after)
+                let cluster = replication::ClusterState::new(Some(Arc::clone(&etcd)), replicas, repair_after);
+                (etcd as Arc<dyn CatalogStore>, cluster)
             }
         };
         crate::identity::reconcile(data_dir, &*catalog, node_id.as_deref(), adopt)?;
@@ -334,10 +283,6 @@ impl ControlPlane {
             catalog,
             orphan_dir,
             cluster,
-            replication,
-            repair_after,
-            short_since: Mutex::new(HashMap::new()),
-            membership: Mutex::new(None),
             namespace_dir,
             namespace_devices,
             claimed_devices,
@@ -355,24 +300,15 @@ impl ControlPlane {
             attached: tokio::sync::Mutex::new(HashMap::new()),
             busy: Mutex::new(HashSet::new()),
             info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
-            trace: RwLock::new(None),
-            policy: RwLock::new(None),
-            grants: RwLock::new(HashMap::new()),
-            revocations: tokio::sync::watch::Sender::new(0),
-            access: RwLock::new(Arc::new(AccessPolicy::default())),
-            policy_rules: RwLock::new(PolicyRules::default()),
-            unknown_token_refreshes: Mutex::new((std::time::Instant::now(), 0)),
+            steering: policy::Steering::default(),
+            access: access::Access::new(),
             serving: Mutex::new(HashMap::new()),
             data_dir: data_dir.to_path_buf(),
-            sources: RwLock::new(Arc::new(crate::source::Sources::new(Default::default()))),
-            caches: Mutex::new(HashMap::new()),
+            source_tier: sources::SourceTier::default(),
         };
         control.recover()?;
         control.warn_refused_devices();
-        let grants = control.catalog.grants()?;
-        if let Ok(mut map) = control.grants.write() {
-            map.extend(grants.into_iter().map(|g| (g.token_hash.clone(), g)));
-        }
+        control.access.replace_grants(control.catalog.grants()?);
         Ok(control)
     }
 

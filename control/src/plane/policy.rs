@@ -1,27 +1,73 @@
 //! The steering policy and the eBPF trace as the control API shows and
 //! swaps them (the BPF side is the node binary's, behind [`PolicyControl`]).
 
-use sluice_proto::api::{PolicyInfo, PolicyReport, Unloaded};
+use std::sync::{Arc, RwLock};
 
-use super::*;
+use sluice_proto::api::{PolicyInfo, PolicyReport, TraceSnapshot, Unloaded};
+
+use super::{ControlError, ControlPlane};
+
+/// Produces the eBPF trace snapshot `GET /v1/trace` serves.
+pub type TraceSource = Arc<dyn Fn() -> TraceSnapshot + Send + Sync>;
+
+/// The node's lane-steering policy as the control API manages it; the BPF
+/// side lives with the node binary, which sets this at start with `--ebpf`.
+pub trait PolicyControl: Send + Sync {
+    /// The policy attached now, decision counts, swaps so far.
+    fn show(&self) -> PolicyReport;
+    /// Loads `object` (a BPF ELF object) as the policy, replacing the one
+    /// attached; on error the old one stays.
+    fn load(&self, name: &str, object: &[u8]) -> Result<PolicyInfo, String>;
+    /// Detaches the policy; the size threshold decides again.
+    fn unload(&self) -> Result<Unloaded, String>;
+}
+
+/// Largest policy object `PUT /v1/policy` takes.
+pub const POLICY_OBJECT_BYTES_MAX: usize = 4 << 20;
+
+/// Whether policies may be loaded through the API, and which.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyRules {
+    /// `policy_load = true`: operators may swap the policy at run time.
+    pub load_enabled: bool,
+    /// `policy_allowlist`: the sha256 of every object that may be loaded;
+    /// any object passing the checks when `None`.
+    pub allowlist: Option<Vec<[u8; 32]>>,
+}
+
+const STEERING_OFF: &str = "lane steering is off: start sluiced with --ebpf (as root)";
+
+/// What this module owns of the plane: the trace source and the policy
+/// control the node binary set, and the rules for loading policies.
+#[derive(Default)]
+pub(super) struct Steering {
+    trace: RwLock<Option<TraceSource>>,
+    control: RwLock<Option<Arc<dyn PolicyControl>>>,
+    rules: RwLock<PolicyRules>,
+}
 
 impl ControlPlane {
     /// Sets where trace snapshots come from (the node's eBPF tracer).
     pub fn set_trace_source(&self, source: TraceSource) {
-        if let Ok(mut trace) = self.trace.write() {
+        if let Ok(mut trace) = self.steering.trace.write() {
             *trace = Some(source);
         }
     }
 
     /// Sets what manages the steering policy (the node's eBPF steering).
     pub fn set_policy_control(&self, control: Arc<dyn PolicyControl>) {
-        if let Ok(mut policy) = self.policy.write() {
+        if let Ok(mut policy) = self.steering.control.write() {
             *policy = Some(control);
         }
     }
 
-    pub(super) fn policy_control(&self) -> Result<Arc<dyn PolicyControl>, ControlError> {
-        self.policy.read().ok().and_then(|p| p.clone()).ok_or_else(|| ControlError::Steering(STEERING_OFF.into()))
+    fn policy_control(&self) -> Result<Arc<dyn PolicyControl>, ControlError> {
+        self.steering
+            .control
+            .read()
+            .ok()
+            .and_then(|p| p.clone())
+            .ok_or_else(|| ControlError::Steering(STEERING_OFF.into()))
     }
 
     /// The steering policy now, or why there is none.
@@ -34,7 +80,7 @@ impl ControlPlane {
 
     /// Whether operators may load policies at run time, and which objects.
     pub fn set_policy_rules(&self, rules: PolicyRules) {
-        if let Ok(mut current) = self.policy_rules.write() {
+        if let Ok(mut current) = self.steering.rules.write() {
             *current = rules;
         }
     }
@@ -43,7 +89,7 @@ impl ControlPlane {
     /// loading, only an object on the allowlist when there is one; the
     /// steering side then checks what the object would do in the kernel.
     pub fn load_policy(&self, name: &str, object: &[u8]) -> Result<PolicyInfo, ControlError> {
-        let rules = self.policy_rules.read().map(|r| r.clone()).unwrap_or_default();
+        let rules = self.steering.rules.read().map(|r| r.clone()).unwrap_or_default();
         if !rules.load_enabled {
             return Err(ControlError::PolicyLoadOff);
         }
@@ -74,12 +120,10 @@ impl ControlPlane {
     }
 
     /// The current trace snapshot, or why there is none.
-    pub fn trace_snapshot(&self) -> sluice_proto::api::TraceSnapshot {
-        match self.trace.read().ok().and_then(|t| t.clone()) {
+    pub fn trace_snapshot(&self) -> TraceSnapshot {
+        match self.steering.trace.read().ok().and_then(|t| t.clone()) {
             Some(source) => source(),
-            None => sluice_proto::api::TraceSnapshot::unavailable(
-                "eBPF tracing is off: start sluiced with --ebpf (as root)",
-            ),
+            None => TraceSnapshot::unavailable("eBPF tracing is off: start sluiced with --ebpf (as root)"),
         }
     }
 }

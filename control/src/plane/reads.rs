@@ -38,7 +38,7 @@ impl DatasetResolver for Resolver {
     }
 
     fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.control.revocations.subscribe()
+        self.control.access.revocations()
     }
 }
 
@@ -149,7 +149,7 @@ impl ControlPlane {
     pub async fn scrub(&self, name: &str) -> Result<ScrubReport, ControlError> {
         let (slot, info) = self.open_for_read(name).await?;
         // Of a source-backed dataset, the chunks on the node.
-        let cache = self.caches.lock().ok().and_then(|c| c.get(name).cloned());
+        let cache = self.source_tier.cache(name);
         let chunk = info.chunk_size_bytes;
         let chunks = info.length_bytes.div_ceil(chunk);
         let mut bad_chunks = Vec::new();

@@ -149,14 +149,51 @@ impl ReplicaTarget<'_> {
     }
 }
 
+/// What this module owns of the plane: the cluster's catalog, how many
+/// copies it keeps, and the repair and membership state.
+pub(super) struct ClusterState {
+    /// The catalog when it is etcd's: replicas and membership.
+    etcd: Option<Arc<EtcdCatalog>>,
+    /// Copies of each dataset a cluster keeps.
+    replication: usize,
+    /// How long a dataset may have fewer than `replication` live placed
+    /// nodes before a live node adds itself to its placement.
+    repair_after: std::time::Duration,
+    /// When each dataset was first seen short of live placed nodes.
+    short_since: Mutex<HashMap<String, std::time::Instant>>,
+    membership: Mutex<Option<Membership>>,
+}
+
+impl ClusterState {
+    /// A single node: no etcd, one copy, never repaired.
+    pub(super) fn single() -> Self {
+        Self::new(None, 1, std::time::Duration::MAX)
+    }
+
+    pub(super) fn new(etcd: Option<Arc<EtcdCatalog>>, replication: usize, repair_after: std::time::Duration) -> Self {
+        Self {
+            etcd,
+            replication: replication.max(1),
+            repair_after,
+            short_since: Mutex::new(HashMap::new()),
+            membership: Mutex::new(None),
+        }
+    }
+
+    /// The cluster's catalog, where this node is in one.
+    pub(super) fn etcd(&self) -> Option<&EtcdCatalog> {
+        self.etcd.as_deref()
+    }
+}
+
 impl ControlPlane {
     fn cluster(&self) -> Result<&EtcdCatalog, ControlError> {
-        self.cluster.as_deref().ok_or_else(|| ControlError::Cluster("this node is not in a cluster (no --etcd)".into()))
+        self.cluster.etcd().ok_or_else(|| ControlError::Cluster("this node is not in a cluster (no --etcd)".into()))
     }
 
     /// This node's id in its cluster, if it is in one.
     pub fn node_id(&self) -> Option<&str> {
-        self.cluster.as_deref().map(EtcdCatalog::node)
+        self.cluster.etcd().map(EtcdCatalog::node)
     }
 
     /// Announces this node to the cluster and keeps it announced (a lease
@@ -167,7 +204,7 @@ impl ControlPlane {
         let member =
             Member { node: cluster.node().to_string(), control_endpoint, data_addr, started_unix_ms: now_unix_ms() };
         let membership = cluster.join(member, ttl)?;
-        if let Ok(mut slot) = self.membership.lock() {
+        if let Ok(mut slot) = self.cluster.membership.lock() {
             *slot = Some(membership);
         }
         Ok(())
@@ -175,14 +212,14 @@ impl ControlPlane {
 
     /// Leaves the cluster now (revokes the lease) rather than at expiry.
     pub fn leave_cluster(&self) {
-        let membership = self.membership.lock().ok().and_then(|mut m| m.take());
+        let membership = self.cluster.membership.lock().ok().and_then(|mut m| m.take());
         drop(membership);
     }
 
     /// The nodes a new dataset is placed on: this one (where it is
     /// ingested) and the live members holding the fewest copies.
     pub(super) fn place_replicas(&self) -> Vec<String> {
-        let Some(cluster) = self.cluster.as_deref() else { return Vec::new() };
+        let Some(cluster) = self.cluster.etcd() else { return Vec::new() };
         let mut others: Vec<(usize, String)> = match (cluster.members(), cluster.replicas()) {
             (Ok(members), Ok(replicas)) => members
                 .into_iter()
@@ -197,21 +234,21 @@ impl ControlPlane {
         others.sort();
         std::iter::once(cluster.node().to_string())
             .chain(others.into_iter().map(|(_, node)| node))
-            .take(self.replication)
+            .take(self.cluster.replication)
             .collect()
     }
 
     /// Whether this node serves `record`: always on a single node; in a
     /// cluster, when its copy is complete.
     pub(super) fn holds_ready_copy(&self, record: &DatasetRecord) -> Result<bool, ControlError> {
-        let Some(cluster) = self.cluster.as_deref() else { return Ok(true) };
+        let Some(cluster) = self.cluster.etcd() else { return Ok(true) };
         Ok(cluster.own_replicas()?.get(&record.name).is_some_and(|r| r.serves(record)))
     }
 
     /// Control endpoints of the live nodes with a complete copy of `name`,
     /// this node first.
     pub fn replica_endpoints(&self, name: &str) -> Vec<String> {
-        let Some(cluster) = self.cluster.as_deref() else { return Vec::new() };
+        let Some(cluster) = self.cluster.etcd() else { return Vec::new() };
         let (Ok(members), Ok(replicas), Ok(Some(record))) =
             (cluster.members(), cluster.replicas(), self.catalog.get(name))
         else {
@@ -237,14 +274,7 @@ impl ControlPlane {
                 return;
             }
         };
-        let fresh: HashMap<String, GrantRecord> = fresh.into_iter().map(|g| (g.token_hash.clone(), g)).collect();
-        let Ok(mut map) = self.grants.write() else { return };
-        let revoked = map.keys().any(|hash| !fresh.contains_key(hash));
-        *map = fresh;
-        drop(map);
-        if revoked {
-            self.revocations.send_modify(|epoch| *epoch += 1);
-        }
+        self.access.replace_grants(fresh);
     }
 
     /// Re-places datasets that have had fewer than `replication` live
@@ -260,18 +290,18 @@ impl ControlPlane {
         members: &[Member],
         replicas: &HashMap<String, Vec<ReplicaRecord>>,
     ) {
-        let Some(cluster) = self.cluster.as_deref() else { return };
+        let Some(cluster) = self.cluster.etcd() else { return };
         let live = |node: &String| members.iter().any(|m| m.node == *node);
-        let Ok(mut short_since) = self.short_since.lock() else { return };
+        let Ok(mut short_since) = self.cluster.short_since.lock() else { return };
         short_since.retain(|name, _| records.iter().any(|r| r.name == *name));
         for record in records.iter_mut().filter(|r| r.state == DatasetState::Sealed) {
             let placed_live = record.placement.iter().filter(|n| live(n)).count();
-            if placed_live >= self.replication.min(members.len()) {
+            if placed_live >= self.cluster.replication.min(members.len()) {
                 short_since.remove(&record.name);
                 continue;
             }
             let since = *short_since.entry(record.name.clone()).or_insert_with(std::time::Instant::now);
-            if since.elapsed() < self.repair_after {
+            if since.elapsed() < self.cluster.repair_after {
                 continue;
             }
             let held = |node: &str| replicas.values().flatten().filter(|r| r.node == node).count();
@@ -289,7 +319,7 @@ impl ControlPlane {
                     tracing::warn!(
                         dataset = record.name,
                         "{placed_live} of {} placed nodes live for {:?}: this node takes a copy",
-                        self.replication,
+                        self.cluster.replication,
                         since.elapsed()
                     );
                     short_since.remove(&record.name);
@@ -421,7 +451,7 @@ impl ControlPlane {
 
     /// The cluster's members and every dataset's copies.
     pub fn cluster_status(&self) -> Result<ClusterStatus, ControlError> {
-        let Some(cluster) = self.cluster.as_deref() else {
+        let Some(cluster) = self.cluster.etcd() else {
             return Ok(ClusterStatus {
                 node: String::new(),
                 catalog: self.catalog.describe(),
@@ -455,7 +485,7 @@ impl ControlPlane {
         Ok(ClusterStatus {
             node: cluster.node().to_string(),
             catalog: self.catalog.describe(),
-            replication: self.replication,
+            replication: self.cluster.replication,
             members,
             datasets,
         })

@@ -130,7 +130,7 @@ impl ControlPlane {
             Gauge {
                 name: "sluice_grants",
                 help: "Access grants standing.",
-                samples: vec![(vec![], self.grants.read().map(|g| g.len()).unwrap_or(0) as f64)],
+                samples: vec![(vec![], self.access.grant_count() as f64)],
             },
         ];
         // Capacity comes from the same report `GET /v1/devices` serves.
@@ -192,9 +192,9 @@ impl ControlPlane {
     /// dataset its hits, fills, evictions, fill latency and source errors.
     fn cache_gauges(&self) -> Vec<crate::metrics::Gauge> {
         use crate::metrics::Gauge;
-        let caches: Vec<_> = self.caches.lock().map(|c| c.values().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        let caches = self.source_tier.caches();
         let reports: Vec<_> = caches.iter().map(|c| c.report(false)).collect();
-        let budget = self.sources.read().map(|s| Arc::clone(s.budget())).ok();
+        let budget = Arc::clone(self.source_tier.sources().budget());
         let per = |value: fn(&sluice_proto::api::CacheReport) -> u64| {
             reports.iter().map(|r| (vec![("dataset", r.name.clone())], value(r) as f64)).collect::<Vec<_>>()
         };
@@ -202,12 +202,12 @@ impl ControlPlane {
             Gauge {
                 name: "sluice_cache_budget_bytes",
                 help: "cache_bytes_max: what source-backed chunks may take on the node (0: no budget).",
-                samples: vec![(vec![], budget.as_ref().map_or(0, |b| b.max_bytes()) as f64)],
+                samples: vec![(vec![], budget.max_bytes() as f64)],
             },
             Gauge {
                 name: "sluice_cache_used_bytes",
                 help: "Bytes of source-backed chunks on the node.",
-                samples: vec![(vec![], budget.as_ref().map_or(0, |b| b.used_bytes()) as f64)],
+                samples: vec![(vec![], budget.used_bytes() as f64)],
             },
         ];
         let rows: [(&'static str, &'static str, CacheValue); 9] = [

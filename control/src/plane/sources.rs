@@ -53,16 +53,49 @@ struct Shaped {
     entries: Vec<(u64, u64)>,
 }
 
+/// What this module owns of the plane: the object stores and how fetches
+/// from them behave, and the caches of source-backed datasets.
+pub(super) struct SourceTier {
+    sources: RwLock<Arc<Sources>>,
+    /// Source-backed datasets' caches, by name, made at first open.
+    caches: Mutex<HashMap<String, Arc<ChunkCache>>>,
+}
+
+impl Default for SourceTier {
+    fn default() -> Self {
+        Self {
+            sources: RwLock::new(Arc::new(Sources::new(SourceOptions::default()))),
+            caches: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl SourceTier {
+    pub(super) fn sources(&self) -> Arc<Sources> {
+        self.sources.read().map(|s| Arc::clone(&s)).unwrap_or_else(|_| Arc::new(Sources::new(SourceOptions::default())))
+    }
+
+    /// The cache of `name`, where it is source-backed and was opened.
+    pub(super) fn cache(&self, name: &str) -> Option<Arc<ChunkCache>> {
+        self.caches.lock().ok()?.get(name).cloned()
+    }
+
+    /// Every open cache.
+    pub(super) fn caches(&self) -> Vec<Arc<ChunkCache>> {
+        self.caches.lock().map(|c| c.values().cloned().collect()).unwrap_or_default()
+    }
+}
+
 impl ControlPlane {
     /// How fetches from sources behave (timeouts, retries, concurrency).
     pub fn set_source_options(&self, options: SourceOptions) {
-        if let Ok(mut sources) = self.sources.write() {
+        if let Ok(mut sources) = self.source_tier.sources.write() {
             *sources = Arc::new(Sources::new(options));
         }
     }
 
     fn sources(&self) -> Arc<Sources> {
-        self.sources.read().map(|s| Arc::clone(&s)).unwrap_or_else(|_| Arc::new(Sources::new(SourceOptions::default())))
+        self.source_tier.sources()
     }
 
     /// Creates `name` from `spec`'s objects, listed and pinned now; it can
@@ -133,7 +166,7 @@ impl ControlPlane {
         let Some(source) = &record.source else {
             return Err(ControlError::Source(format!("{} is not source-backed", record.name)));
         };
-        let mut caches = self.caches.lock().map_err(|_| ControlError::Busy(record.name.clone()))?;
+        let mut caches = self.source_tier.caches.lock().map_err(|_| ControlError::Busy(record.name.clone()))?;
         if let Some(cache) = caches.get(&record.name) {
             return Ok(Arc::clone(cache));
         }
@@ -173,14 +206,14 @@ impl ControlPlane {
 
     /// What the transports fill through for `name`, if it is source-backed.
     pub(super) fn read_through(&self, name: &str) -> Option<Arc<dyn sluice_serve::ReadThrough>> {
-        let cache = self.caches.lock().ok()?.get(name).cloned()?;
+        let cache = self.source_tier.cache(name)?;
         Some(Arc::new(CacheReader(cache)))
     }
 
     /// Drops a dataset's cache (at delete, or when a copy of a dataset
     /// deleted elsewhere is dropped; its files go with the namespace).
     pub(super) fn forget_cache(&self, record: &DatasetRecord) {
-        let Ok(mut caches) = self.caches.lock() else { return };
+        let Ok(mut caches) = self.source_tier.caches.lock() else { return };
         if caches.get(&record.name).is_none_or(|c| c.dataset_id != record.id) {
             return;
         }
