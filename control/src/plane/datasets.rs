@@ -143,7 +143,7 @@ impl ControlPlane {
         if record_size == Some(0) {
             return Err(ControlError::Records("record size must be at least 1 byte".into()));
         }
-        let allocating = self.allocator.lock().map_err(|_| ControlError::Busy(name.to_string()))?;
+        let allocating = self.storage.allocating(name)?;
         let mut record =
             self.catalog.create(name, kind, now_unix_ms(), &mut |id| self.allocate_namespace(id, size_hint))?;
         drop(allocating);
@@ -267,17 +267,12 @@ impl ControlPlane {
         }
         record.state = DatasetState::Deleting;
         self.catalog.update(&record, None)?;
-        let attached = self.attached.lock().await.remove(name);
-        if let Some(attached) = attached {
-            self.plane.detach(attached.slot).await;
-        }
+        self.serving.detach(name).await;
         // No fill or eviction writes the namespace once it is given back.
         self.forget_cache(&record);
         self.remove_namespace(&record);
         self.catalog.remove(&record)?;
-        if let Ok(mut serving) = self.serving.lock() {
-            serving.remove(name);
-        }
+        self.serving.forget(name);
         Ok(())
     }
 }

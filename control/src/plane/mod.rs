@@ -26,23 +26,20 @@ use crate::ingest::{Appended, Appender, IngestError, IngestFormat, RecordRule};
 use sluice_proto::api::DatasetKind;
 
 mod access;
-mod allocator;
 mod datasets;
-mod namespaces;
-mod nvme_pool;
 mod orphans;
-mod ownership;
 mod policy;
 mod reads;
 mod replication;
 mod reports;
 mod sources;
-mod user_space;
+mod storage;
 
 pub use datasets::{IndexSource, IngestSession};
 pub use policy::{PolicyControl, PolicyRules, TraceSource, POLICY_OBJECT_BYTES_MAX};
 pub use reads::Resolver;
 pub use sources::SourceSpec;
+pub use storage::NamespacePool;
 
 pub use replication::{CatalogChoice, ReplicaJob, ReplicaTarget};
 pub use sluice_proto::api::{ClusterStatus, DeviceReport, ScrubReport};
@@ -126,11 +123,13 @@ impl ControlError {
     }
 }
 
-struct Attached {
-    slot: DatasetSlot,
-    info: OpenInfo,
-}
-
+/// The control plane of one node. What it holds itself is the datasets'
+/// lifecycle (the catalog, the busy set, staged indexes, checksums, the
+/// data directory); each other job keeps its state in a struct of its own
+/// module, reached only through that module's methods: `storage` (where
+/// datasets live), `serving` (the data plane and what is attached to it,
+/// in `reads.rs`), `access` (policy and grants), `steering` (`policy.rs`),
+/// `cluster` (`replication.rs`) and `source_tier` (`sources.rs`).
 pub struct ControlPlane {
     catalog: Arc<dyn CatalogStore>,
     /// Where files no record owns are quarantined until an operator
@@ -138,59 +137,22 @@ pub struct ControlPlane {
     orphan_dir: PathBuf,
     /// Membership, placement and replication when the catalog is etcd's.
     cluster: replication::ClusterState,
-    namespace_dir: PathBuf,
-    /// Whole block devices (NVMe namespaces) given to this node, one per
-    /// dataset, held open exclusively since start; datasets beyond them get
-    /// files under `namespace_dir`.
-    namespace_devices: Vec<crate::claim::HeldDevice>,
-    /// Devices the operator claimed for this start although they carry
-    /// someone else's signature (`--claim-device`).
-    claimed_devices: Vec<PathBuf>,
-    /// Namespaces this node attached from its controllers.
-    attach_ledger: ownership::AttachLedger,
-    /// Held while a namespace is chosen and recorded, so two creates, or a
-    /// create and a copy, never take the same one.
-    allocator: Mutex<()>,
-    /// NVMe controllers (`/dev/nvmeX`) whose detached namespaces the node
-    /// may attach, one per dataset, when no namespace device is free.
-    nvme_controllers: Vec<PathBuf>,
-    /// How the admin commands for those controllers are issued: here, or
-    /// by the privileged helper when the node runs as `--user`.
-    kernel_admin: Arc<dyn crate::nvme::KernelAdmin>,
-    /// Namespaces attached from the controllers, held open exclusively
-    /// from their first use until they are detached, by attachment label.
-    attached_devices: Mutex<HashMap<String, crate::claim::HeldDevice>>,
+    /// Where datasets live: namespace devices, controllers and their
+    /// admin stack, the attach ledger, file namespaces.
+    storage: storage::Storage,
     index_dir: PathBuf,
     /// Each sealed dataset's block checksums, beside the data.
     checksums: ChecksumFiles,
     staged_offsets: Mutex<HashMap<String, Vec<u64>>>,
-    driver: Arc<dyn BlockDriver>,
-    plane: Arc<DataPlane>,
-    namespaces: Mutex<HashMap<u64, Arc<dyn Namespace>>>,
-    attached: tokio::sync::Mutex<HashMap<String, Attached>>,
+    /// The data plane and the datasets attached to it for reading.
+    serving: reads::Serving,
     busy: Mutex<HashSet<String>>,
     info: RwLock<NodeInfo>,
     steering: policy::Steering,
     access: access::Access,
-    /// Serving counters per dataset name, shared with the transports.
-    serving: Mutex<HashMap<String, Arc<DatasetCounters>>>,
     data_dir: PathBuf,
     /// Object stores, and the caches of the datasets backed by them.
     source_tier: sources::SourceTier,
-}
-
-/// Where a node may put datasets besides files in its data directory.
-#[derive(Clone, Default)]
-pub struct NamespacePool {
-    /// Block devices (NVMe namespaces) to give whole to datasets.
-    pub devices: Vec<PathBuf>,
-    /// Controllers whose detached namespaces may be attached for datasets.
-    pub controllers: Vec<PathBuf>,
-    /// Who issues the controllers' admin commands; this process
-    /// ([`crate::nvme::Passthrough`]) when not given.
-    pub admin: Option<Arc<dyn crate::nvme::KernelAdmin>>,
-    /// Devices to use although they carry a signature (`--claim-device`).
-    pub claim: Vec<PathBuf>,
 }
 
 /// Index entries sent per piece of `GET .../index` (1 MiB).
@@ -239,23 +201,7 @@ impl ControlPlane {
         choice: CatalogChoice,
         adopt: bool,
     ) -> Result<Self, ControlError> {
-        let NamespacePool { devices, controllers: nvme_controllers, admin, claim: claimed_devices } = pool;
-        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough::new(nvme_controllers.clone())));
-        let mut namespace_devices = Vec::with_capacity(devices.len());
-        for device in &devices {
-            let held = crate::claim::HeldDevice::open(device)
-                .map_err(|e| ControlError::Namespace { name: device.display().to_string(), message: e.to_string() })?;
-            namespace_devices.push(held);
-        }
-        let attach_ledger = ownership::AttachLedger::open(data_dir).map_err(|e| ControlError::Namespace {
-            name: data_dir.join("attached.json").display().to_string(),
-            message: e.to_string(),
-        })?;
-        let namespace_dir = data_dir.join("namespaces");
-        std::fs::create_dir_all(&namespace_dir).map_err(|e| ControlError::Namespace {
-            name: namespace_dir.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let storage = storage::Storage::open(data_dir, driver, pool)?;
         let index_dir = data_dir.join("indexes");
         std::fs::create_dir_all(&index_dir)
             .map_err(|e| ControlError::Namespace { name: index_dir.display().to_string(), message: e.to_string() })?;
@@ -283,26 +229,15 @@ impl ControlPlane {
             catalog,
             orphan_dir,
             cluster,
-            namespace_dir,
-            namespace_devices,
-            claimed_devices,
-            attach_ledger,
-            allocator: Mutex::new(()),
-            nvme_controllers,
-            kernel_admin,
-            attached_devices: Mutex::new(HashMap::new()),
+            storage,
             index_dir,
             checksums,
             staged_offsets: Mutex::new(HashMap::new()),
-            driver,
-            plane,
-            namespaces: Mutex::new(HashMap::new()),
-            attached: tokio::sync::Mutex::new(HashMap::new()),
+            serving: reads::Serving::new(plane),
             busy: Mutex::new(HashSet::new()),
             info: RwLock::new(NodeInfo { data_dir: data_dir.display().to_string(), ..NodeInfo::default() }),
             steering: policy::Steering::default(),
             access: access::Access::new(),
-            serving: Mutex::new(HashMap::new()),
             data_dir: data_dir.to_path_buf(),
             source_tier: sources::SourceTier::default(),
         };
@@ -336,23 +271,5 @@ impl ControlPlane {
             return Err(ControlError::Busy(name.to_string()));
         }
         Ok(BusyGuard { plane: self, name: name.to_string() })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::allocator::best_fit;
-
-    /// With a size, the smallest candidate that holds it; none when none
-    /// does; without one, the first (the order the operator listed them).
-    #[test]
-    fn placement_is_best_fit() {
-        let free = [("a", 64u64 << 20), ("b", 16 << 30), ("c", 1 << 30)];
-        assert_eq!(best_fit(&free, Some(100 << 20)), Some(("c", 1 << 30)));
-        assert_eq!(best_fit(&free, Some(2 << 30)), Some(("b", 16 << 30)));
-        assert_eq!(best_fit(&free, Some(64 << 20)), Some(("a", 64 << 20)));
-        assert_eq!(best_fit(&free, Some(32 << 30)), None);
-        assert_eq!(best_fit(&free, None), Some(("a", 64 << 20)));
-        assert_eq!(best_fit::<&str>(&[], None), None);
     }
 }

@@ -36,7 +36,12 @@ impl ControlPlane {
             known.extend([present, crcs]);
         }
         let cache_dir = self.data_dir.join("cache");
-        for dir in [&self.namespace_dir, &self.index_dir, &self.checksums.dir().to_path_buf(), &cache_dir] {
+        for dir in [
+            &self.storage.namespace_dir().to_path_buf(),
+            &self.index_dir,
+            &self.checksums.dir().to_path_buf(),
+            &cache_dir,
+        ] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
                 if !known.contains(&path) {

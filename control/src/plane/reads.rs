@@ -6,6 +6,60 @@ use super::*;
 /// Chunks read per scrub batch.
 const SCRUB_CHUNKS_PER_BATCH: u64 = 64;
 
+struct Attached {
+    slot: DatasetSlot,
+    info: OpenInfo,
+}
+
+/// What this module owns of the plane: the data plane, the datasets
+/// attached to it for reading, and their serving counters.
+pub(super) struct Serving {
+    plane: Arc<DataPlane>,
+    attached: tokio::sync::Mutex<HashMap<String, Attached>>,
+    /// Serving counters per dataset name, shared with the transports.
+    counters: Mutex<HashMap<String, Arc<DatasetCounters>>>,
+}
+
+impl Serving {
+    pub(super) fn new(plane: Arc<DataPlane>) -> Self {
+        Self { plane, attached: tokio::sync::Mutex::new(HashMap::new()), counters: Mutex::new(HashMap::new()) }
+    }
+
+    /// Detaches `name` from the data plane, if it is attached: open
+    /// handles fail their next batch.
+    pub(super) async fn detach(&self, name: &str) {
+        let attached = self.attached.lock().await.remove(name);
+        if let Some(attached) = attached {
+            self.plane.detach(attached.slot).await;
+        }
+    }
+
+    /// The serving counters of `name`, made at its first open.
+    pub(super) fn counters(&self, name: &str) -> Arc<DatasetCounters> {
+        match self.counters.lock() {
+            Ok(mut counters) => Arc::clone(counters.entry(name.to_string()).or_default()),
+            Err(_) => Arc::new(DatasetCounters::default()),
+        }
+    }
+
+    /// Every dataset's counters, for `/metrics`.
+    pub(super) fn all_counters(&self) -> Vec<(String, Arc<DatasetCounters>)> {
+        self.counters.lock().map(|s| s.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect()).unwrap_or_default()
+    }
+
+    /// Drops a deleted dataset's counters.
+    pub(super) fn forget(&self, name: &str) {
+        if let Ok(mut counters) = self.counters.lock() {
+            counters.remove(name);
+        }
+    }
+
+    /// The data plane's DMA slots: leased, total.
+    pub(super) fn dma_slots(&self) -> (usize, usize) {
+        self.plane.dma_slots()
+    }
+}
+
 /// The data-plane transports open datasets through the control plane.
 ///
 /// Opens run on the control side's runtime, not on the threads that serve
@@ -79,7 +133,7 @@ impl ControlPlane {
     /// The node-wide table of attached datasets is locked only to look and
     /// to insert, never across the catalog reads and checksum I/O between.
     pub async fn open_for_read(&self, name: &str) -> Result<(DatasetSlot, OpenInfo), ControlError> {
-        if let Some(entry) = self.attached.lock().await.get(name) {
+        if let Some(entry) = self.serving.attached.lock().await.get(name) {
             return Ok((entry.slot, entry.info.clone()));
         }
         let record = self.catalog.require(name)?;
@@ -108,12 +162,13 @@ impl ControlPlane {
                 block_crcs: block_crcs.into(),
             }
         };
-        let mut attached = self.attached.lock().await;
+        let mut attached = self.serving.attached.lock().await;
         if let Some(entry) = attached.get(name) {
             // Attached by a concurrent open meanwhile.
             return Ok((entry.slot, entry.info.clone()));
         }
-        let slot = self.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+        let slot =
+            self.serving.plane.attach(Arc::new(view)).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
         // A source-backed dataset is named by its pinned manifest, the
         // same before and after its bytes reach the node.
         let identity = match &record.source {
@@ -133,11 +188,11 @@ impl ControlPlane {
         // if one ran while this open was preparing, undo the attach.
         let current = self.catalog.get(name)?;
         if current.as_ref().is_none_or(|r| r.id != record.id || r.state != DatasetState::Sealed) {
-            let mut attached = self.attached.lock().await;
+            let mut attached = self.serving.attached.lock().await;
             if attached.get(name).is_some_and(|entry| entry.slot == slot) {
                 attached.remove(name);
                 drop(attached);
-                self.plane.detach(slot).await;
+                self.serving.plane.detach(slot).await;
             }
             return Err(ControlError::Catalog(CatalogError::Unknown(name.to_string())));
         }
@@ -167,8 +222,12 @@ impl ControlPlane {
                 first = last;
                 continue;
             }
-            let result =
-                self.plane.read(slot, ranges.clone()).await.map_err(|e| ControlError::DataPlane(e.to_string()))?;
+            let result = self
+                .serving
+                .plane
+                .read(slot, ranges.clone())
+                .await
+                .map_err(|e| ControlError::DataPlane(e.to_string()))?;
             for (range, status) in ranges.iter().zip(result.statuses()) {
                 if *status != sluice_proto::RangeStatus::Ok {
                     bad_chunks.push((range.offset_bytes / chunk, status.name().to_string()));
@@ -198,6 +257,6 @@ impl ControlPlane {
         })?;
         let mut info = info;
         info.replicas = self.replica_endpoints(&name);
-        Ok(Opened { slot, info, grant, counters: self.counters(&name), read_through: self.read_through(&name) })
+        Ok(Opened { slot, info, grant, counters: self.serving.counters(&name), read_through: self.read_through(&name) })
     }
 }

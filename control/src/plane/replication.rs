@@ -372,7 +372,7 @@ impl ControlPlane {
             return Err(ControlError::Cluster(format!("{} changed since its copy was planned", job.name)));
         }
         if record.namespace.kind == NamespaceKind::Remote {
-            let _allocating = self.allocator.lock().map_err(|_| ControlError::Busy(job.name.clone()))?;
+            let _allocating = self.storage.allocating(&job.name)?;
             record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
             cluster.put_replica(&record, false)?;
         }
@@ -431,10 +431,7 @@ impl ControlPlane {
                 continue;
             }
             let Ok(_guard) = self.busy(&name) else { continue };
-            let attached = self.attached.lock().await.remove(&name);
-            if let Some(attached) = attached {
-                self.plane.detach(attached.slot).await;
-            }
+            self.serving.detach(&name).await;
             // The copy's own record says how many bytes it used: no more is
             // discarded (a record without it discards nothing).
             let mut gone =

@@ -95,7 +95,7 @@ impl AttachLedger {
 impl ControlPlane {
     /// Whether this node may act on `namespace` for dataset `id`; why not
     /// as an error (logged) otherwise.
-    pub(super) fn check_owned(&self, id: u64, namespace: &NamespaceRecord) -> Result<(), ControlError> {
+    pub(in crate::plane) fn check_owned(&self, id: u64, namespace: &NamespaceRecord) -> Result<(), ControlError> {
         let refused = |why: String| {
             tracing::error!(
                 dataset_id = id,
@@ -134,7 +134,8 @@ impl ControlPlane {
                 let Some((controller, _)) = nvme_pool::parse_nvme_path(&namespace.path) else {
                     return Err(refused("an nvme namespace path is PCI_ADDRESS/NSID".into()));
                 };
-                let driven = self.driver.nvme_admin().is_some_and(|admin| admin.controllers().contains(&controller));
+                let driven =
+                    self.storage.driver.nvme_admin().is_some_and(|admin| admin.controllers().contains(&controller));
                 if driven {
                     Ok(())
                 } else {
@@ -154,16 +155,17 @@ impl ControlPlane {
     fn check_attachment(&self, label: &str, device: &str) -> Result<(), String> {
         let (controller, nsid) =
             crate::nvme::parse_attachment_label(label).ok_or_else(|| format!("{label} is not CONTROLLER:NSID"))?;
-        if !self.nvme_controllers.contains(&controller) {
+        if !self.storage.nvme_controllers.contains(&controller) {
             return Err(format!("{} is not one of this node's nvme_controllers", controller.display()));
         }
-        let entry = self.attach_ledger.get(label).ok_or_else(|| {
-            format!("this node never attached {label} (it is not in {})", self.attach_ledger.path().display())
+        let entry = self.storage.attach_ledger.get(label).ok_or_else(|| {
+            format!("this node never attached {label} (it is not in {})", self.storage.attach_ledger.path().display())
         })?;
         if crate::nvme::block_device(&controller, nsid).as_deref() != Some(Path::new(device)) {
             return Err(format!("{device} is not the block device of namespace {nsid} of {}", controller.display()));
         }
         let identity = self
+            .storage
             .kernel_admin
             .namespace_identity(&controller.display().to_string(), nsid)
             .map_err(|e| format!("identifying {label}: {e}"))?;
@@ -174,7 +176,7 @@ impl ControlPlane {
     }
 
     /// Where dataset `id`'s file namespace is, the only file it may use.
-    pub(super) fn file_namespace_path(&self, id: u64) -> PathBuf {
-        self.namespace_dir.join(format!("{id:016x}.ns"))
+    pub(in crate::plane) fn file_namespace_path(&self, id: u64) -> PathBuf {
+        self.storage.namespace_dir.join(format!("{id:016x}.ns"))
     }
 }

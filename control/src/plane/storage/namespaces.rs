@@ -4,8 +4,8 @@
 use super::*;
 
 impl ControlPlane {
-    pub(super) fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
-        let mut namespaces = self.namespaces.lock().map_err(|_| self.ns_error(record, "lock poisoned"))?;
+    pub(in crate::plane) fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
+        let mut namespaces = self.storage.opened.lock().map_err(|_| self.ns_error(record, "lock poisoned"))?;
         if let Some(ns) = namespaces.get(&record.id) {
             return Ok(Arc::clone(ns));
         }
@@ -23,14 +23,14 @@ impl ControlPlane {
                 return Err(self.ns_error(record, format!("namespace kind {other} holds no bytes on this node")))
             }
         };
-        let ns = self.driver.open_namespace(&spec).map_err(|e| self.ns_error(record, e))?;
+        let ns = self.storage.driver.open_namespace(&spec).map_err(|e| self.ns_error(record, e))?;
         namespaces.insert(record.id, Arc::clone(&ns));
         Ok(ns)
     }
 
     /// A device namespace by the descriptors held since start, or (one
     /// attached from a controller) by those held since its first use.
-    pub(super) fn device_spec(&self, namespace: &NamespaceRecord) -> Result<NamespaceSpec, String> {
+    pub(in crate::plane) fn device_spec(&self, namespace: &NamespaceRecord) -> Result<NamespaceSpec, String> {
         let held_spec = |held: &crate::claim::HeldDevice| NamespaceSpec::Held {
             path: held.path.clone(),
             control: Arc::clone(&held.control),
@@ -42,11 +42,12 @@ impl ControlPlane {
         let label = namespace.attached.as_deref().ok_or("not a namespace device of this node")?;
         let (controller, nsid) =
             crate::nvme::parse_attachment_label(label).ok_or_else(|| format!("{label} is not CONTROLLER:NSID"))?;
-        let mut attached = self.attached_devices.lock().map_err(|_| "attached devices lock poisoned")?;
+        let mut attached = self.storage.attached_devices.lock().map_err(|_| "attached devices lock poisoned")?;
         if let Some(held) = attached.get(label) {
             return Ok(held_spec(held));
         }
         let held = self
+            .storage
             .kernel_admin
             .open_namespace(&controller.display().to_string(), nsid)
             .map_err(|e| format!("opening {label}: {e}"))?;
@@ -62,13 +63,13 @@ impl ControlPlane {
     /// detaches (and deletes) a namespace this node attached, removes a
     /// file namespace. Only a namespace [`ControlPlane::check_owned`]
     /// accepts; any other is left as it is.
-    pub(super) fn remove_namespace(&self, record: &DatasetRecord) {
+    pub(in crate::plane) fn remove_namespace(&self, record: &DatasetRecord) {
         let _ = std::fs::remove_file(self.index_path(record));
         self.checksums.remove(record.id);
         let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
         let _ = std::fs::remove_file(present);
         let _ = std::fs::remove_file(crcs);
-        if let Ok(mut namespaces) = self.namespaces.lock() {
+        if let Ok(mut namespaces) = self.storage.opened.lock() {
             namespaces.remove(&record.id);
         }
         if self.check_owned(record.id, &record.namespace).is_err() {
@@ -84,7 +85,7 @@ impl ControlPlane {
                 }
                 _ => self.device_spec(&record.namespace),
             };
-            match spec.and_then(|spec| self.driver.open_namespace(&spec).map_err(|e| e.to_string())) {
+            match spec.and_then(|spec| self.storage.driver.open_namespace(&spec).map_err(|e| e.to_string())) {
                 Ok(ns) => {
                     if let Err(err) = ns.discard(record.namespace.base_offset_bytes, used) {
                         tracing::warn!("discarding {} bytes of {}: {err}", used, record.namespace.path);
@@ -110,17 +111,17 @@ impl ControlPlane {
     /// Detaches a namespace this node attached, back to the controller's
     /// pool, and deletes it when this node created it (the ledger says,
     /// not the record).
-    pub(super) fn detach_recorded(&self, label: &str) {
+    pub(in crate::plane) fn detach_recorded(&self, label: &str) {
         let (Some((controller, nsid)), Some(entry)) =
-            (crate::nvme::parse_attachment_label(label), self.attach_ledger.get(label))
+            (crate::nvme::parse_attachment_label(label), self.storage.attach_ledger.get(label))
         else {
             return;
         };
         // Our descriptors go first: the device node goes with the detach.
-        if let Ok(mut attached) = self.attached_devices.lock() {
+        if let Ok(mut attached) = self.storage.attached_devices.lock() {
             attached.remove(label);
         }
-        let admin = &*self.kernel_admin;
+        let admin = &*self.storage.kernel_admin;
         let name = controller.display().to_string();
         match admin.detach(&name, nsid) {
             Ok(()) => {
@@ -133,7 +134,7 @@ impl ControlPlane {
                         Err(err) => tracing::warn!("deleting namespace {nsid} of {}: {err}", controller.display()),
                     }
                 }
-                if let Err(err) = self.attach_ledger.remove(label) {
+                if let Err(err) = self.storage.attach_ledger.remove(label) {
                     tracing::warn!("forgetting the attachment of {label}: {err}");
                 }
             }

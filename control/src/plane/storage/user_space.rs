@@ -10,7 +10,11 @@ use super::nvme_pool::{self, nvme_path, parse_nvme_path, Found};
 use super::*;
 
 impl ControlPlane {
-    pub(super) fn allocate_user_space(&self, admin: &dyn NvmeAdmin, size_hint: Option<u64>) -> NamespaceRecord {
+    pub(in crate::plane) fn allocate_user_space(
+        &self,
+        admin: &dyn NvmeAdmin,
+        size_hint: Option<u64>,
+    ) -> NamespaceRecord {
         let used = match self.namespaces_in_use() {
             Ok(used) => used,
             Err(err) => return unplaced(format!("the catalog could not say which namespaces are in use: {err}")),
@@ -36,8 +40,8 @@ impl ControlPlane {
 
     /// Gives a user-space driver's namespace back: detached if it was
     /// attached for the dataset, deleted if it was created for it.
-    pub(super) fn release_user_space(&self, record: &DatasetRecord) {
-        let Some(admin) = self.driver.nvme_admin() else { return };
+    pub(in crate::plane) fn release_user_space(&self, record: &DatasetRecord) {
+        let Some(admin) = self.storage.driver.nvme_admin() else { return };
         let Some((controller, nsid)) = record.namespace.attached.as_deref().and_then(parse_nvme_path) else {
             return;
         };

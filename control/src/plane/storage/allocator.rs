@@ -23,7 +23,7 @@ impl ControlPlane {
     /// node's copy records are the whole of it: every dataset it holds has
     /// one, and so has a copy of a dataset deleted elsewhere that the reaper
     /// has not released yet.
-    pub(super) fn namespaces_in_use(&self) -> Result<HashSet<String>, ControlError> {
+    pub(in crate::plane) fn namespaces_in_use(&self) -> Result<HashSet<String>, ControlError> {
         Ok(match self.cluster.etcd() {
             Some(cluster) => cluster.own_replicas()?.into_values().map(|r| r.namespace.path).collect(),
             None => self.catalog.list()?.into_iter().map(|r| r.namespace.path).collect(),
@@ -32,8 +32,8 @@ impl ControlPlane {
 
     /// Why a free namespace device may not take a dataset: someone else's
     /// data on it, unless the operator claimed it for this start.
-    pub(super) fn device_refusal(&self, device: &crate::claim::HeldDevice) -> Option<String> {
-        if self.claimed_devices.contains(&device.path) {
+    pub(in crate::plane) fn device_refusal(&self, device: &crate::claim::HeldDevice) -> Option<String> {
+        if self.storage.claimed_devices.contains(&device.path) {
             return None;
         }
         let why = device.foreign_use()?;
@@ -42,17 +42,17 @@ impl ControlPlane {
 
     /// Says once, at start, which free namespace devices the allocator
     /// will leave alone and why (`devices ls` says it again on asking).
-    pub(super) fn warn_refused_devices(&self) {
+    pub(in crate::plane) fn warn_refused_devices(&self) {
         let Ok(used) = self.namespaces_in_use() else { return };
-        for device in self.namespace_devices.iter().filter(|d| !used.contains(&d.path.display().to_string())) {
+        for device in self.storage.namespace_devices.iter().filter(|d| !used.contains(&d.path.display().to_string())) {
             if let Some(why) = self.device_refusal(device) {
                 tracing::warn!("{} is not used for datasets: {why}", device.path.display());
             }
         }
     }
 
-    pub(super) fn held_device(&self, path: &Path) -> Option<&crate::claim::HeldDevice> {
-        self.namespace_devices.iter().find(|d| d.path == path)
+    pub(in crate::plane) fn held_device(&self, path: &Path) -> Option<&crate::claim::HeldDevice> {
+        self.storage.namespace_devices.iter().find(|d| d.path == path)
     }
 
     /// Chooses where a new dataset lives. With the uring driver: a whole
@@ -63,11 +63,11 @@ impl ControlPlane {
     /// namespaces stay free for big datasets). The caller holds [`ControlPlane::allocator`] until the choice is
     /// recorded, so two creates, or a create and a copy, never pick the
     /// same namespace.
-    pub(super) fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
+    pub(in crate::plane) fn allocate_namespace(&self, id: u64, size_hint: Option<u64>) -> NamespaceRecord {
         let file = |reason: String| {
             NamespaceRecord::new(NamespaceKind::File, self.file_namespace_path(id).display().to_string(), reason)
         };
-        match self.driver.kind() {
+        match self.storage.driver.kind() {
             DriverKind::Mem => {
                 return NamespaceRecord::new(
                     NamespaceKind::Mem,
@@ -75,10 +75,12 @@ impl ControlPlane {
                     "memory driver: a namespace in RAM, gone at restart",
                 )
             }
-            DriverKind::Uring if self.namespace_devices.is_empty() && self.nvme_controllers.is_empty() => {
+            DriverKind::Uring
+                if self.storage.namespace_devices.is_empty() && self.storage.nvme_controllers.is_empty() =>
+            {
                 return file("no NVMe namespace configured: a file per dataset under the data directory".into())
             }
-            DriverKind::Spdk => match self.driver.nvme_admin() {
+            DriverKind::Spdk => match self.storage.driver.nvme_admin() {
                 Some(admin) => return self.allocate_user_space(admin, size_hint),
                 None => return file("the SPDK driver offers no namespace management".into()),
             },
@@ -90,6 +92,7 @@ impl ControlPlane {
             Err(_) => return file("the catalog could not say which namespaces are in use: a file".into()),
         };
         let free: Vec<(&PathBuf, u64)> = self
+            .storage
             .namespace_devices
             .iter()
             .filter(|d| !used.contains(&d.path.display().to_string()))
@@ -104,7 +107,7 @@ impl ControlPlane {
                     "a whole NVMe namespace: {} of {capacity_bytes} bytes ({} of {} namespace devices were free{})",
                     device.display(),
                     free.len(),
-                    self.namespace_devices.len(),
+                    self.storage.namespace_devices.len(),
                     hint_words(size_hint),
                 ),
             );
@@ -113,7 +116,7 @@ impl ControlPlane {
         if !free.is_empty() {
             why_not.push(format!("no free namespace device holds {} bytes", size_hint.unwrap_or(0)));
         }
-        if !self.nvme_controllers.is_empty() {
+        if !self.storage.nvme_controllers.is_empty() {
             match self.take_from_controllers(size_hint) {
                 Ok(record) => return record,
                 Err(why) => why_not.extend(why),
@@ -121,7 +124,7 @@ impl ControlPlane {
         }
         file(format!(
             "no free NVMe namespace ({} namespace devices in use{}{}): a file under the data directory",
-            self.namespace_devices.len() - free.len(),
+            self.storage.namespace_devices.len() - free.len(),
             if why_not.is_empty() { "" } else { "; " },
             why_not.join("; ")
         ))
@@ -133,7 +136,8 @@ impl ControlPlane {
     /// ([`nvme_pool::take`]); attached and recorded as this node's.
     fn take_from_controllers(&self, size_hint: Option<u64>) -> Result<NamespaceRecord, Vec<String>> {
         let attach = |controller: &str, nsid: u32, created: bool| self.attach_recorded(controller, nsid, created);
-        let stack = nvme_pool::Stack { admin: &*self.kernel_admin, label: "", active_in_use: None, attach: &attach };
+        let stack =
+            nvme_pool::Stack { admin: &*self.storage.kernel_admin, label: "", active_in_use: None, attach: &attach };
         let taken = nvme_pool::take(&stack, size_hint)?;
         let device =
             taken.attached.ok_or_else(|| vec!["the kernel's active namespaces are not offered".to_string()])?;
@@ -146,21 +150,45 @@ impl ControlPlane {
     /// Attaches `nsid`, first writing it into the ledger of namespaces
     /// this node attached (so a crash right after leaves it owned): its
     /// block device.
-    pub(super) fn attach_recorded(&self, controller: &str, nsid: u32, created: bool) -> Result<PathBuf, String> {
-        let admin = &*self.kernel_admin;
+    pub(in crate::plane) fn attach_recorded(
+        &self,
+        controller: &str,
+        nsid: u32,
+        created: bool,
+    ) -> Result<PathBuf, String> {
+        let admin = &*self.storage.kernel_admin;
         let label = crate::nvme::attachment_label(Path::new(controller), nsid);
         let identity = admin.namespace_identity(controller, nsid).map_err(|e| format!("identifying {label}: {e}"))?;
         if crate::nvme::identity_is_blank(&identity) {
             tracing::warn!("{label} reports no NGUID or EUI64: only its NSID identifies it before a detach");
         }
-        self.attach_ledger
+        self.storage
+            .attach_ledger
             .insert(ownership::Attachment { label: label.clone(), identity, created })
             .map_err(|e| format!("recording the attachment of {label}: {e}"))?;
         admin.attach(controller, nsid).and_then(|()| admin.block_device(controller, nsid)).map_err(|e| {
-            if let Err(forget) = self.attach_ledger.remove(&label) {
+            if let Err(forget) = self.storage.attach_ledger.remove(&label) {
                 tracing::warn!("forgetting the failed attachment of {label}: {forget}");
             }
             e.to_string()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::best_fit;
+
+    /// With a size, the smallest candidate that holds it; none when none
+    /// does; without one, the first (the order the operator listed them).
+    #[test]
+    fn placement_is_best_fit() {
+        let free = [("a", 64u64 << 20), ("b", 16 << 30), ("c", 1 << 30)];
+        assert_eq!(best_fit(&free, Some(100 << 20)), Some(("c", 1 << 30)));
+        assert_eq!(best_fit(&free, Some(2 << 30)), Some(("b", 16 << 30)));
+        assert_eq!(best_fit(&free, Some(64 << 20)), Some(("a", 64 << 20)));
+        assert_eq!(best_fit(&free, Some(32 << 30)), None);
+        assert_eq!(best_fit(&free, None), Some(("a", 64 << 20)));
+        assert_eq!(best_fit::<&str>(&[], None), None);
     }
 }
