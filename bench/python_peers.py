@@ -121,6 +121,21 @@ def _collate(kind):
     return None if kind == "windows" else list
 
 
+def _resumable_rows(loader, args, probe_steps, at_resume_step):
+    """A peer with a resumable loader: time to the first batch and rate, then a
+    state saved after `probe_steps` batches, moved to the resume step by
+    `at_resume_step`, timed to its first batch; and the state's size."""
+    to_first, rate = timed_run(loader, args.steps)
+    probe = loader()
+    it = iter(probe)
+    for _ in range(probe_steps):
+        next(it)
+    state = probe.state_dict()
+    del it
+    at_resume_step(state)
+    return to_first, rate, first_batch_seconds(lambda: loader(state)), len(json.dumps(state))
+
+
 def mosaic_rows(kind, directory, args):
     from streaming import StreamingDataLoader, StreamingDataset
 
@@ -131,14 +146,10 @@ def mosaic_rows(kind, directory, args):
             dl.load_state_dict(state)
         return dl
 
-    to_first, rate = timed_run(loader, args.steps)
-    probe = loader()
-    it = iter(probe)
-    next(it)
-    state = probe.state_dict()
-    del it
-    state["sample_in_epoch"] = args.resume_step * args.batch
-    return to_first, rate, first_batch_seconds(lambda: loader(state)), len(json.dumps(state))
+    def at_resume_step(state):
+        state["sample_in_epoch"] = args.resume_step * args.batch
+
+    return _resumable_rows(loader, args, 1, at_resume_step)
 
 
 def litdata_rows(kind, directory, args):
@@ -152,17 +163,12 @@ def litdata_rows(kind, directory, args):
             dl.load_state_dict(state)
         return dl
 
-    to_first, rate = timed_run(loader, args.steps)
-    probe = loader()
-    it = iter(probe)
-    for _ in range(3):
-        next(it)
-    state = probe.state_dict()
-    del it
-    samples = args.resume_step * args.batch
-    state["num_samples_yielded"] = samples
-    state["dataset"]["num_samples_yielded"] = samples
-    return to_first, rate, first_batch_seconds(lambda: loader(state)), len(json.dumps(state))
+    def at_resume_step(state):
+        samples = args.resume_step * args.batch
+        state["num_samples_yielded"] = samples
+        state["dataset"]["num_samples_yielded"] = samples
+
+    return _resumable_rows(loader, args, 3, at_resume_step)
 
 
 def wds_rows(shards, args, decode):

@@ -165,38 +165,21 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
 
     // Batches of 2048 random unaligned small ranges, and of 1 MiB + 1
     // ranges, every read checked against the source.
-    let small = rig
-        .exec_with(
-            Host::Training,
-            &with_stall_retry(
-                &format!(
-                    "{read} --json bench read tokens --size 3001 --align 1 --batch 2048 --inflight 1 --seconds 2 \
-                 --verify {source}"
-                ),
-                "small",
-            ),
-            Duration::from_secs(240),
-        )
-        .expect("bench small");
-    assert!(small.success(), "{}", small.stderr);
-    let report = check_report(&small.stdout, "2048-range batches");
+    let bench = |size: u64, batch: u32, label: &str| {
+        let command = format!(
+            "{read} --json bench read tokens --size {size} --align 1 --batch {batch} --inflight 1 --seconds 2 \
+             --verify {source}"
+        );
+        let run = rig
+            .exec_with(Host::Training, &with_stall_retry(&command, label), Duration::from_secs(240))
+            .unwrap_or_else(|e| panic!("bench {label}: {e}"));
+        assert!(run.success(), "{}", run.stderr);
+        run.stdout
+    };
+    let report = check_report(&bench(3001, 2048, "small"), "2048-range batches");
     assert!(report["reads"].as_u64().unwrap_or(0) >= 2048, "thousands of ranges: {report}");
     eprintln!("rig RDMA 3001 B reads (TCG, functional speed only): {report}");
-    let large = rig
-        .exec_with(
-            Host::Training,
-            &with_stall_retry(
-                &format!(
-                    "{read} --json bench read tokens --size 1048577 --align 1 --batch 2 --inflight 1 --seconds 2 \
-                 --verify {source}"
-                ),
-                "large",
-            ),
-            Duration::from_secs(240),
-        )
-        .expect("bench large");
-    assert!(large.success(), "{}", large.stderr);
-    check_report(&large.stdout, "1 MiB ranges");
+    check_report(&bench(1048577, 2, "large"), "1 MiB ranges");
 
     // Eight clients at once, each its own connection.
     let eight = rig

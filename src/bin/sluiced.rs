@@ -179,9 +179,7 @@ fn main() -> ExitCode {
     if let Some(addr) = args.control {
         config.control = addr;
     }
-    if args.rdma_listen.is_some() {
-        config.rdma_listen = args.rdma_listen;
-    }
+    given(&mut config.rdma_listen, args.rdma_listen);
     if let Some(cores) = args.cores {
         config.cores = cores;
     }
@@ -200,45 +198,28 @@ fn main() -> ExitCode {
     config.policy_load |= args.policy_load;
     config.adopt = args.adopt;
     config.claim_devices = args.claim_devices;
-    if args.admin_tokens.is_some() {
-        config.admin_tokens = args.admin_tokens;
-    }
-    if args.tls_cert.is_some() {
-        config.tls_cert = args.tls_cert;
+    given(&mut config.admin_tokens, args.admin_tokens);
+    if given(&mut config.tls_cert, args.tls_cert) {
         config.tls_key = args.tls_key;
     }
-    if args.tls_client_ca.is_some() {
-        config.tls_client_ca = args.tls_client_ca;
-    }
-    if args.metrics_listen.is_some() {
-        config.metrics_listen = args.metrics_listen;
-    }
-    if args.etcd.is_some() {
-        config.etcd = args.etcd;
-    }
+    given(&mut config.tls_client_ca, args.tls_client_ca);
+    given(&mut config.metrics_listen, args.metrics_listen);
+    given(&mut config.etcd, args.etcd);
     if let Some(prefix) = args.etcd_prefix {
         config.etcd_prefix = prefix;
     }
-    if args.node_id.is_some() {
-        config.node_id = args.node_id;
-    }
-    if args.etcd_ca.is_some() {
-        config.etcd_ca = args.etcd_ca;
-    }
-    if args.etcd_cert.is_some() {
-        config.etcd_cert = args.etcd_cert;
+    given(&mut config.node_id, args.node_id);
+    given(&mut config.etcd_ca, args.etcd_ca);
+    if given(&mut config.etcd_cert, args.etcd_cert) {
         config.etcd_key = args.etcd_key;
     }
-    if args.etcd_user.is_some() {
-        config.etcd_user = args.etcd_user;
+    if given(&mut config.etcd_user, args.etcd_user) {
         config.etcd_password_file = args.etcd_password_file;
     }
     if let Some(replicas) = args.replicas {
         config.replicas = replicas;
     }
-    if args.advertise.is_some() {
-        config.advertise = args.advertise;
-    }
+    given(&mut config.advertise, args.advertise);
     if let Some(seconds) = args.repair_after_s {
         config.repair_after_s = seconds;
     }
@@ -251,9 +232,7 @@ fn main() -> ExitCode {
     if !args.nvme_controllers.is_empty() {
         config.nvme_controllers = args.nvme_controllers;
     }
-    if args.user.is_some() {
-        config.user = args.user;
-    }
+    given(&mut config.user, args.user);
     match args.driver.as_deref() {
         Some("mem") => config.driver = DriverChoice::Mem,
         Some("uring") => config.driver = DriverChoice::Uring,
@@ -313,4 +292,14 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// Takes a flag given on the command line over the config file's value:
+/// whether it was given.
+fn given<T>(slot: &mut Option<T>, flag: Option<T>) -> bool {
+    let was_given = flag.is_some();
+    if was_given {
+        *slot = flag;
+    }
+    was_given
 }

@@ -24,6 +24,18 @@ impl NodeLimits {
     /// What a client assumes before the node has answered Hello: one
     /// batch of one range, nothing more.
     pub const BEFORE_HELLO: Self = Self { ranges_per_batch_max: 1, batch_footprint_max_bytes: 0, credits: 1 };
+
+    /// Refuses a wire batch of more ranges than the node takes, before
+    /// anything is sent (the client library splits batches to fit).
+    pub fn check_batch(&self, ranges: usize) -> Result<(), TransportError> {
+        if ranges > self.ranges_per_batch_max as usize {
+            return Err(TransportError::Protocol(format!(
+                "a batch of {ranges} ranges is over the node's {} per batch: split it (the client library does)",
+                self.ranges_per_batch_max
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The first message of every session.

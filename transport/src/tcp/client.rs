@@ -205,13 +205,7 @@ impl TcpClient {
         ranges: &[RangeDescriptor],
         sink: ReadSink,
     ) -> Result<Vec<RangeStatus>, TransportError> {
-        if ranges.len() > self.limits.ranges_per_batch_max as usize {
-            return Err(TransportError::Protocol(format!(
-                "a batch of {} ranges is over the node's {} per batch: split it (the client library does)",
-                ranges.len(),
-                self.limits.ranges_per_batch_max
-            )));
-        }
+        self.limits.check_batch(ranges.len())?;
         let _credit = self.credits.acquire().await.map_err(|_| self.lost_error())?;
         let batch_id = self.next_batch_id.fetch_add(1, Ordering::Relaxed);
         let (done, rx) = oneshot::channel();

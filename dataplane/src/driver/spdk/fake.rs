@@ -264,10 +264,20 @@ pub unsafe fn admin_raw(
 pub unsafe fn process_admin_completions(ctrlr: Ctrlr) -> i32 {
     // SAFETY: as the contract says.
     let pending = std::mem::take(&mut *unsafe { ctrlr.as_ref() }.admin_pending.borrow_mut());
-    let reaped = pending.len() as i32;
+    // SAFETY: as the contract says.
+    unsafe { complete(pending) }
+}
+
+/// Runs the callbacks of `pending`, as SPDK's process calls do: how many.
+///
+/// # Safety
+/// Each callback's argument is alive.
+unsafe fn complete(pending: impl IntoIterator<Item = Pending>) -> i32 {
+    let mut reaped = 0;
     for p in pending {
         // SAFETY: the submitter keeps `arg` alive until its callback ran.
         unsafe { (p.callback)(p.arg, &p.cpl) };
+        reaped += 1;
     }
     reaped
 }
@@ -507,12 +517,8 @@ pub unsafe fn deallocate(ns: Ns, qpair: Qpair, lba: u64, count: u32, callback: C
 pub unsafe fn process_completions(qpair: Qpair) -> i32 {
     // SAFETY: as the contract says.
     let pending = std::mem::take(&mut *unsafe { qpair.as_ref() }.pending.borrow_mut());
-    let reaped = pending.len() as i32;
-    for p in pending {
-        // SAFETY: the submitter keeps `arg` alive until its callback ran.
-        unsafe { (p.callback)(p.arg, &p.cpl) };
-    }
-    reaped
+    // SAFETY: as the contract says.
+    unsafe { complete(pending) }
 }
 
 pub fn cpl_ok(cpl: &Cpl) -> bool {
