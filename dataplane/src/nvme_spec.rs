@@ -212,10 +212,9 @@ pub enum NsidListError {
 pub fn create_namespace_page(bytes: u64, block_bytes: u64) -> Box<[u8; PAGE_BYTES]> {
     assert!(block_bytes.is_power_of_two() && (512..=65536).contains(&block_bytes), "block size {block_bytes}");
     let blocks = bytes.max(1).div_ceil(block_bytes);
-    let mut page = Box::new([0u8; PAGE_BYTES]);
-    page[NSZE_AT..NSZE_AT + 8].copy_from_slice(&blocks.to_le_bytes());
-    page[NCAP_AT..NCAP_AT + 8].copy_from_slice(&blocks.to_le_bytes());
-    page
+    // Format 0 is named by FLBAS 0; its LBADS is the controller's, so none
+    // is written (`block_bytes: None`).
+    NamespaceInfo { size_blocks: blocks, block_bytes: None, shared: false, nguid: [0; 16], eui64: [0; 8] }.page()
 }
 
 /// The Namespace Attachment page: a Controller List of one, this

@@ -25,18 +25,7 @@ impl Controller {
         // SAFETY: the controller is attached (for the driver's life);
         // `buffer` (DMA memory of PAGE_BYTES) and `done` outlive the
         // command: we poll until its callback ran.
-        let rc = unsafe {
-            sys::admin_raw(
-                self.ctrlr,
-                spec::OPCODE_IDENTIFY,
-                nsid,
-                cns,
-                buffer.as_mut_ptr(),
-                PAGE_BYTES as u32,
-                Waiter::complete,
-                done.arg(),
-            )
-        };
+        let rc = unsafe { sys::identify(self.ctrlr, cns, nsid, buffer.as_mut_ptr(), Waiter::complete, done.arg()) };
         if rc != 0 {
             return Err(io::Error::other(format!("{}: identify submit failed ({rc})", self.pci)));
         }
@@ -62,6 +51,27 @@ fn nvme_result(rc: i32, what: impl FnOnce() -> String) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::other(format!("{}: {}", what(), io::Error::from_raw_os_error(rc.abs()))))
+    }
+}
+
+impl SpdkDriver {
+    /// Namespace Attachment of `nsid` to (or, without `attach`, from) the
+    /// controller at `controller`.
+    fn attachment(&self, controller: &str, nsid: u32, attach: bool) -> io::Result<()> {
+        let c = self.controller(controller)?;
+        let controller_id = c.info()?.controller_id;
+        let _admin = c.lock_admin()?;
+        // SAFETY: synchronous admin call on an attached controller, one at
+        // a time under `admin`.
+        let rc = unsafe {
+            if attach {
+                sys::attach_ns(c.ctrlr, nsid, controller_id)
+            } else {
+                sys::detach_ns(c.ctrlr, nsid, controller_id)
+            }
+        };
+        let verb = if attach { "attaching" } else { "detaching" };
+        nvme_result(rc, || format!("{controller}: {verb} namespace {nsid}"))
     }
 }
 
@@ -92,22 +102,11 @@ impl NvmeAdmin for SpdkDriver {
     }
 
     fn attach(&self, controller: &str, nsid: u32) -> io::Result<()> {
-        let c = self.controller(controller)?;
-        let controller_id = c.info()?.controller_id;
-        let _admin = c.lock_admin()?;
-        // SAFETY: synchronous admin call on an attached controller, one at
-        // a time under `admin`.
-        let rc = unsafe { sys::attach_ns(c.ctrlr, nsid, controller_id) };
-        nvme_result(rc, || format!("{controller}: attaching namespace {nsid}"))
+        self.attachment(controller, nsid, true)
     }
 
     fn detach(&self, controller: &str, nsid: u32) -> io::Result<()> {
-        let c = self.controller(controller)?;
-        let controller_id = c.info()?.controller_id;
-        let _admin = c.lock_admin()?;
-        // SAFETY: as in `attach`.
-        let rc = unsafe { sys::detach_ns(c.ctrlr, nsid, controller_id) };
-        nvme_result(rc, || format!("{controller}: detaching namespace {nsid}"))
+        self.attachment(controller, nsid, false)
     }
 
     fn manages_namespaces(&self, controller: &str) -> io::Result<bool> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::controller::SpdkDriver;
 use super::env::{DmaBuffer, Waiter};
-use super::sys;
+use super::{sys, Direction, Sectors};
 use crate::driver::{DriverError, IoTarget, Namespace, NamespaceGeometry};
 
 /// Bounce buffer of a namespace's control path.
@@ -112,21 +112,15 @@ impl SpdkNamespace {
 
     /// Reads or writes whole sectors `[lba, lba + count)` through the
     /// bounce buffer (its first `count * sector` bytes).
-    fn sectors(&self, path: &mut ControlPath, write: bool, lba: u64, count: u32) -> io::Result<()> {
-        debug_assert!(count as usize * self.target.sector_bytes as usize <= CONTROL_BUFFER_BYTES);
+    fn sectors(&self, path: &mut ControlPath, direction: Direction, sectors: Sectors) -> io::Result<()> {
+        debug_assert!(sectors.count as usize * self.target.sector_bytes as usize <= CONTROL_BUFFER_BYTES);
         let ns = self.target.ns;
         let buf = path.buffer.as_mut_ptr();
         self.command(path, |qpair, arg| {
             // SAFETY: the bounce buffer is DMA memory of at least `count`
             // sectors, alive and untouched until the command completes (we
             // wait for it); `arg` is the Waiter `command` keeps alive.
-            unsafe {
-                if write {
-                    sys::write(ns, qpair, buf, lba, count, Waiter::complete, arg)
-                } else {
-                    sys::read(ns, qpair, buf, lba, count, Waiter::complete, arg)
-                }
-            }
+            unsafe { sys::rw(direction, ns, qpair, buf, sectors, Waiter::complete, arg) }
         })
     }
 
@@ -161,13 +155,14 @@ impl SpdkNamespace {
             let piece = (len - done).min(CONTROL_BUFFER_BYTES - skip);
             let count = ((skip + piece) as u64).div_ceil(sector) as u32;
             let span = count as usize * sector as usize;
+            let sectors = Sectors { lba: first_lba, count };
             // A write of whole sectors needs no read first.
             if !write || skip != 0 || piece != span {
-                self.sectors(&mut path, false, first_lba, count)?;
+                self.sectors(&mut path, Direction::Read, sectors)?;
             }
             step(&mut path.buffer.bytes_mut()[skip..skip + piece], done);
             if write {
-                self.sectors(&mut path, true, first_lba, count)?;
+                self.sectors(&mut path, Direction::Write, sectors)?;
             }
             done += piece;
         }
@@ -223,7 +218,7 @@ impl Namespace for SpdkNamespace {
             let count = (end - lba).min(u64::from(u32::MAX)) as u32;
             self.command(&mut path, |qpair, arg| {
                 // SAFETY: `arg` is the Waiter `command` keeps alive.
-                unsafe { sys::deallocate(ns, qpair, lba, count, Waiter::complete, arg) }
+                unsafe { sys::deallocate(ns, qpair, Sectors { lba, count }, Waiter::complete, arg) }
             })?;
             lba += u64::from(count);
         }

@@ -2,7 +2,7 @@
 //! Also how a synchronous caller waits for one command: by polling, as
 //! SPDK never interrupts.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::io;
 use std::ptr::NonNull;
@@ -65,10 +65,10 @@ impl Drop for DmaBuffer {
 unsafe impl Send for DmaBuffer {}
 
 /// Waits on one SPDK command's callback by polling. The callback reaches
-/// it through a shared pointer, so its state is in cells.
+/// it through a shared pointer, so its outcome is in a cell: set once the
+/// command completed.
 #[derive(Default)]
 pub(super) struct Waiter {
-    done: Cell<bool>,
     outcome: RefCell<Option<Result<u32, String>>>,
 }
 
@@ -81,28 +81,23 @@ impl Waiter {
     /// The callback to submit with [`Waiter::arg`].
     pub(super) unsafe extern "C" fn complete(arg: *mut c_void, cpl: *const sys::Cpl) {
         // SAFETY: `arg` is the Waiter the submitter passed and keeps alive
-        // until `done`, reached only through shared references; `cpl` is
-        // valid for the callback.
+        // until the outcome is set, reached only through shared references;
+        // `cpl` is valid for the callback.
         let (waiter, cpl) = unsafe { (&*arg.cast_const().cast::<Waiter>(), &*cpl) };
         let outcome = if sys::cpl_ok(cpl) { Ok(sys::cpl_result(cpl)) } else { Err(sys::status_text(cpl)) };
         *waiter.outcome.borrow_mut() = Some(outcome);
-        waiter.done.set(true);
     }
 
     /// Polls until the callback ran: its completion dword 0, or the status.
-    pub(super) fn wait(&self, poll: impl FnMut()) -> Result<u32, String> {
-        self.wait_for(COMMAND_TIMEOUT, poll)
-    }
-
-    pub(super) fn wait_for(&self, timeout: Duration, mut poll: impl FnMut()) -> Result<u32, String> {
-        let deadline = Instant::now() + timeout;
+    pub(super) fn wait(&self, mut poll: impl FnMut()) -> Result<u32, String> {
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
         loop {
             poll();
-            if self.done.get() {
-                return self.outcome.borrow().clone().unwrap_or_else(|| Err("no outcome".into()));
+            if let Some(outcome) = self.outcome.borrow_mut().take() {
+                return outcome;
             }
             if Instant::now() > deadline {
-                return Err(format!("no completion within {timeout:?}"));
+                return Err(format!("no completion within {COMMAND_TIMEOUT:?}"));
             }
         }
     }

@@ -14,13 +14,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
+use super::{Direction, Sectors};
 use crate::nvme_spec::{self as spec, ControllerInfo, NamespaceInfo, PAGE_BYTES};
 
 /// A controller a test installed.
 pub struct FakeCtrlr {
     info: ControllerInfo,
-    /// Block size of LBA format 0 (what a created namespace gets).
-    format0_block_bytes: u32,
     namespaces: RefCell<BTreeMap<u32, Box<FakeNs>>>,
     admin_pending: RefCell<Vec<Pending>>,
     identify_controller: Box<[u8; PAGE_BYTES]>,
@@ -71,6 +70,9 @@ impl Cpl {
     }
 }
 
+/// Block size of every fake controller's LBA format 0 (what a created
+/// namespace gets).
+const FORMAT0_BLOCK_BYTES: u32 = 512;
 /// NVMe generic status: Invalid Namespace or Format.
 const SC_INVALID_NAMESPACE: u16 = 0x0b;
 /// NVMe generic status: LBA Out of Range.
@@ -143,7 +145,6 @@ pub fn install(address: &str, controller_id: u16, manages_namespaces: bool, name
         .collect();
     let ctrlr = FakeCtrlr {
         info,
-        format0_block_bytes: 512,
         namespaces: RefCell::new(map),
         admin_pending: RefCell::new(Vec::new()),
         identify_controller: info.page(),
@@ -210,25 +211,12 @@ pub unsafe fn controller_data<'a>(ctrlr: Ctrlr) -> &'a [u8] {
 }
 
 /// # Safety
-/// As [`detach`]; `buf` holds `len` writable bytes.
-#[expect(clippy::too_many_arguments, reason = "as sys.rs")]
-pub unsafe fn admin_raw(
-    ctrlr: Ctrlr,
-    opcode: u8,
-    nsid: u32,
-    cdw10: u32,
-    buf: *mut u8,
-    len: u32,
-    callback: Callback,
-    arg: *mut c_void,
-) -> i32 {
+/// As [`detach`]; `page` holds [`PAGE_BYTES`] writable bytes.
+pub unsafe fn identify(ctrlr: Ctrlr, cns: u32, nsid: u32, page: *mut u8, callback: Callback, arg: *mut c_void) -> i32 {
     // SAFETY: as the contract says.
     let c = unsafe { ctrlr.as_ref() };
-    if opcode != spec::OPCODE_IDENTIFY || len as usize != PAGE_BYTES {
-        return -libc::EINVAL;
-    }
     let namespaces = c.namespaces.borrow();
-    let page = match cdw10 {
+    let answer = match cns {
         spec::CNS_ALLOCATED_NSIDS => Some(spec::nsid_list_page(&namespaces.keys().copied().collect::<Vec<_>>())),
         spec::CNS_ACTIVE_NSIDS => Some(spec::nsid_list_page(
             &namespaces.iter().filter(|(_, ns)| ns.active.get()).map(|(&id, _)| id).collect::<Vec<_>>(),
@@ -236,7 +224,7 @@ pub unsafe fn admin_raw(
         spec::CNS_NAMESPACE if nsid == spec::NSID_ALL => Some(
             NamespaceInfo {
                 size_blocks: 0,
-                block_bytes: Some(u64::from(c.format0_block_bytes)),
+                block_bytes: Some(u64::from(FORMAT0_BLOCK_BYTES)),
                 shared: false,
                 nguid: [0; 16],
                 eui64: [0; 8],
@@ -246,11 +234,10 @@ pub unsafe fn admin_raw(
         spec::CNS_ALLOCATED_NAMESPACE => namespaces.get(&nsid).map(|ns| ns.info().page()),
         _ => None,
     };
-    let cpl = match page {
-        Some(page) => {
-            // SAFETY: `buf` holds PAGE_BYTES writable bytes (contract, and
-            // `len` checked above).
-            unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), buf, PAGE_BYTES) };
+    let cpl = match answer {
+        Some(answer) => {
+            // SAFETY: `page` holds PAGE_BYTES writable bytes (contract).
+            unsafe { std::ptr::copy_nonoverlapping(answer.as_ptr(), page, PAGE_BYTES) };
             Cpl::ok(0)
         }
         None => Cpl::error(0, SC_INVALID_NAMESPACE),
@@ -294,8 +281,10 @@ impl FakeNs {
     }
 }
 
-fn attachment(ctrlr: Ctrlr, nsid: u32, controller_id: u16, attach: bool) -> i32 {
-    // SAFETY: callers hold a probed controller.
+/// # Safety
+/// As [`detach`].
+unsafe fn attachment(ctrlr: Ctrlr, nsid: u32, controller_id: u16, attach: bool) -> i32 {
+    // SAFETY: as the contract says.
     let c = unsafe { ctrlr.as_ref() };
     if controller_id != c.info.controller_id {
         return -libc::EINVAL;
@@ -313,13 +302,15 @@ fn attachment(ctrlr: Ctrlr, nsid: u32, controller_id: u16, attach: bool) -> i32 
 /// # Safety
 /// As [`detach`].
 pub unsafe fn attach_ns(ctrlr: Ctrlr, nsid: u32, controller_id: u16) -> i32 {
-    attachment(ctrlr, nsid, controller_id, true)
+    // SAFETY: forwarded contract.
+    unsafe { attachment(ctrlr, nsid, controller_id, true) }
 }
 
 /// # Safety
 /// As [`detach`].
 pub unsafe fn detach_ns(ctrlr: Ctrlr, nsid: u32, controller_id: u16) -> i32 {
-    attachment(ctrlr, nsid, controller_id, false)
+    // SAFETY: forwarded contract.
+    unsafe { attachment(ctrlr, nsid, controller_id, false) }
 }
 
 /// # Safety
@@ -333,9 +324,9 @@ pub unsafe fn create_ns(ctrlr: Ctrlr, page: &[u8; PAGE_BYTES]) -> u32 {
     }
     let mut namespaces = c.namespaces.borrow_mut();
     let nsid = namespaces.keys().last().map_or(1, |last| last + 1);
-    let bytes = asked.size_blocks * u64::from(c.format0_block_bytes);
+    let bytes = asked.size_blocks * u64::from(FORMAT0_BLOCK_BYTES);
     let ns = FakeNs {
-        sector_bytes: c.format0_block_bytes,
+        sector_bytes: FORMAT0_BLOCK_BYTES,
         active: Cell::new(false),
         shared: asked.shared,
         nguid: [nsid as u8; 16],
@@ -421,38 +412,36 @@ pub unsafe fn free_io_qpair(qpair: Qpair) {
     world(|w| w.ledger.qpairs_live -= 1);
 }
 
-/// Moves `count` sectors at `lba` between the namespace and `buf`, or says
-/// why not: what a command's completion carries.
+/// Moves `sectors` between the namespace and `buf` (zeroes them where
+/// `buf` is null), or says why not: what a command's completion carries.
 ///
 /// # Safety
-/// `buf` holds `count` sectors.
-unsafe fn move_sectors(ns: &FakeNs, buf: *mut u8, lba: u64, count: u32, write: bool) -> Cpl {
+/// `buf` is null or holds `sectors.count` sectors.
+unsafe fn move_sectors(ns: &FakeNs, direction: Direction, buf: *mut u8, sectors: Sectors) -> Cpl {
     let sector = u64::from(ns.sector_bytes);
     let mut data = ns.data.borrow_mut();
-    let (start, len) = (lba * sector, u64::from(count) * sector);
+    let (start, len) = (sectors.lba * sector, u64::from(sectors.count) * sector);
     if start + len > data.len() as u64 {
         return Cpl::error(0, SC_LBA_OUT_OF_RANGE);
     }
-    let range = start as usize..(start + len) as usize;
-    if !buf.is_null() {
+    let range = &mut data[start as usize..(start + len) as usize];
+    match (direction, buf.is_null()) {
+        (_, true) => range.fill(0),
         // SAFETY: `buf` holds `len` bytes (contract); the namespace's own
         // vector never overlaps it.
-        unsafe {
-            if write {
-                std::ptr::copy_nonoverlapping(buf, data[range].as_mut_ptr(), len as usize);
-            } else {
-                std::ptr::copy_nonoverlapping(data[range].as_ptr(), buf, len as usize);
-            }
-        }
-    } else {
-        data[range].fill(0);
+        (Direction::Read, false) => unsafe { std::ptr::copy_nonoverlapping(range.as_ptr(), buf, range.len()) },
+        // SAFETY: as above.
+        (Direction::Write, false) => unsafe { std::ptr::copy_nonoverlapping(buf, range.as_mut_ptr(), range.len()) },
     }
     Cpl::ok(0)
 }
 
 /// Queues a command's completion, or fails its submission, as the faults
 /// say.
-fn submit(qpair: Qpair, callback: Callback, arg: *mut c_void, run: impl FnOnce() -> Cpl) -> i32 {
+///
+/// # Safety
+/// `qpair` is live.
+unsafe fn submit(qpair: Qpair, callback: Callback, arg: *mut c_void, run: impl FnOnce() -> Cpl) -> i32 {
     let (rc, status) = world(|w| (w.faults.submit_rc.take(), w.faults.completion_status.take()));
     if let Some(rc) = rc {
         return rc;
@@ -461,45 +450,31 @@ fn submit(qpair: Qpair, callback: Callback, arg: *mut c_void, run: impl FnOnce()
     if let Some((sct, sc)) = status {
         cpl = Cpl::error(sct, sc);
     }
-    // SAFETY: callers hold a live queue pair.
+    // SAFETY: as the contract says.
     unsafe { qpair.as_ref() }.pending.borrow_mut().push_back(Pending { callback, arg, cpl });
     0
 }
 
 /// # Safety
-/// As `sys::read`.
-pub unsafe fn read(
+/// As `sys::rw`.
+pub unsafe fn rw(
+    direction: Direction,
     ns: Ns,
     qpair: Qpair,
     buf: *mut u8,
-    lba: u64,
-    count: u32,
+    sectors: Sectors,
     callback: Callback,
     arg: *mut c_void,
 ) -> i32 {
     // SAFETY: as the contract says.
-    submit(qpair, callback, arg, || unsafe { move_sectors(ns.as_ref(), buf, lba, count, false) })
-}
-
-/// # Safety
-/// As `sys::write`.
-pub unsafe fn write(
-    ns: Ns,
-    qpair: Qpair,
-    buf: *mut u8,
-    lba: u64,
-    count: u32,
-    callback: Callback,
-    arg: *mut c_void,
-) -> i32 {
-    // SAFETY: as the contract says.
-    submit(qpair, callback, arg, || unsafe { move_sectors(ns.as_ref(), buf, lba, count, true) })
+    unsafe { submit(qpair, callback, arg, || move_sectors(ns.as_ref(), direction, buf, sectors)) }
 }
 
 /// # Safety
 /// As `sys::flush`.
 pub unsafe fn flush(_ns: Ns, qpair: Qpair, callback: Callback, arg: *mut c_void) -> i32 {
-    submit(qpair, callback, arg, || Cpl::ok(0))
+    // SAFETY: as the contract says.
+    unsafe { submit(qpair, callback, arg, || Cpl::ok(0)) }
 }
 
 /// Zeroes the sectors, as a deallocated range of a namespace that reads
@@ -507,9 +482,10 @@ pub unsafe fn flush(_ns: Ns, qpair: Qpair, callback: Callback, arg: *mut c_void)
 ///
 /// # Safety
 /// As `sys::deallocate`.
-pub unsafe fn deallocate(ns: Ns, qpair: Qpair, lba: u64, count: u32, callback: Callback, arg: *mut c_void) -> i32 {
+pub unsafe fn deallocate(ns: Ns, qpair: Qpair, sectors: Sectors, callback: Callback, arg: *mut c_void) -> i32 {
+    let zero = std::ptr::null_mut();
     // SAFETY: as the contract says; a null buffer zeroes.
-    submit(qpair, callback, arg, || unsafe { move_sectors(ns.as_ref(), std::ptr::null_mut(), lba, count, true) })
+    unsafe { submit(qpair, callback, arg, || move_sectors(ns.as_ref(), Direction::Write, zero, sectors)) }
 }
 
 /// # Safety

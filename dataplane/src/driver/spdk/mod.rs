@@ -34,6 +34,20 @@ pub use queue::SpdkQueue;
 use super::{BlockDriver, DriverError, DriverKind, Namespace, NamespaceSpec, NvmeAdmin, Queue};
 use crate::dma::Arena;
 
+/// Which way a command moves sectors between a namespace and memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// A run of whole sectors of a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sectors {
+    lba: u64,
+    count: u32,
+}
+
 /// Namespaces and queues hold the driver, so the controllers stay attached
 /// while any of them lives.
 impl BlockDriver for Arc<SpdkDriver> {

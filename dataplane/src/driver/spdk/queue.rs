@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use super::controller::SpdkDriver;
 use super::env::COMMAND_TIMEOUT;
-use super::sys;
 use super::SpdkTarget;
+use super::{sys, Direction, Sectors};
 use crate::dma::Arena;
 use crate::driver::{Completion, DriverError, IoTarget, QueueFull, ReadIo};
 
@@ -148,6 +148,7 @@ impl SpdkQueue {
             fail(self, libc::EINVAL);
             return Ok(());
         }
+        let sectors = Sectors { lba: io.offset_bytes / sector, count: (u64::from(io.len_bytes) / sector) as u32 };
         let Some(index) = self.state().free.pop() else { return Err(QueueFull) };
         debug_assert!(index < self.depth);
         // SAFETY: `index` < depth, a context no command holds (it came off
@@ -162,17 +163,7 @@ impl SpdkQueue {
         // SAFETY: the caller guarantees the buffer; `ctx` lives as long as
         // the queue and is not reused until its callback frees it; the
         // queue pair is this core's own.
-        let rc = unsafe {
-            sys::read(
-                target.ns,
-                qpair,
-                io.buf,
-                io.offset_bytes / sector,
-                (u64::from(io.len_bytes) / sector) as u32,
-                read_done,
-                ctx.cast(),
-            )
-        };
+        let rc = unsafe { sys::rw(Direction::Read, target.ns, qpair, io.buf, sectors, read_done, ctx.cast()) };
         match rc {
             0 => {
                 self.state().in_flight += 1;

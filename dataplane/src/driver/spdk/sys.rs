@@ -14,7 +14,8 @@ use std::ptr::NonNull;
 
 use spdk_sys as ffi;
 
-use crate::nvme_spec::PAGE_BYTES;
+use super::{Direction, Sectors};
+use crate::nvme_spec::{OPCODE_IDENTIFY, PAGE_BYTES};
 
 /// An attached controller.
 pub type Ctrlr = NonNull<ffi::spdk_nvme_ctrlr>;
@@ -120,29 +121,28 @@ pub unsafe fn controller_data<'a>(ctrlr: Ctrlr) -> &'a [u8] {
     }
 }
 
-/// Submits an admin command with one data buffer; `callback` runs from a
-/// later [`process_admin_completions`].
+/// Submits Identify (`cns`, for namespace `nsid`) into `page`; `callback`
+/// runs from a later [`process_admin_completions`].
 ///
 /// # Safety
-/// `ctrlr` is attached; `buf` is DMA memory of `len` bytes and `arg` is
+/// `ctrlr` is attached; `page` is DMA memory of [`PAGE_BYTES`] and `arg` is
 /// what `callback` expects, both alive until the callback ran.
-#[expect(clippy::too_many_arguments, reason = "the admin command's fields, as SPDK takes them")]
-pub unsafe fn admin_raw(
-    ctrlr: Ctrlr,
-    opcode: u8,
-    nsid: u32,
-    cdw10: u32,
-    buf: *mut u8,
-    len: u32,
-    callback: Callback,
-    arg: *mut c_void,
-) -> i32 {
+pub unsafe fn identify(ctrlr: Ctrlr, cns: u32, nsid: u32, page: *mut u8, callback: Callback, arg: *mut c_void) -> i32 {
     let mut cmd = ffi::spdk_nvme_cmd::default();
-    cmd.set_opc(u16::from(opcode));
+    cmd.set_opc(u16::from(OPCODE_IDENTIFY));
     cmd.nsid = nsid;
-    cmd.__bindgen_anon_1.cdw10 = cdw10;
+    cmd.__bindgen_anon_1.cdw10 = cns;
     // SAFETY: forwarded contract; SPDK copies `cmd` before returning.
-    unsafe { ffi::spdk_nvme_ctrlr_cmd_admin_raw(ctrlr.as_ptr(), &mut cmd, buf.cast(), len, Some(callback), arg) }
+    unsafe {
+        ffi::spdk_nvme_ctrlr_cmd_admin_raw(
+            ctrlr.as_ptr(),
+            &mut cmd,
+            page.cast(),
+            PAGE_BYTES as u32,
+            Some(callback),
+            arg,
+        )
+    }
 }
 
 /// # Safety
@@ -260,44 +260,34 @@ pub unsafe fn free_io_qpair(qpair: Qpair) {
     unsafe { ffi::spdk_nvme_ctrlr_free_io_qpair(qpair.as_ptr()) };
 }
 
-/// Reads `count` sectors at `lba` into `buf`.
+/// Moves `sectors` between the namespace and `buf` (one read or write
+/// command).
 ///
 /// # Safety
 /// `ns` and `qpair` are live and of one controller, the queue pair used by
-/// one thread; `buf` is registered DMA memory of `count` sectors, untouched
-/// until the callback ran; `arg` is what `callback` expects.
-pub unsafe fn read(
+/// one thread; `buf` is registered DMA memory of `sectors.count` sectors,
+/// untouched until the callback ran; `arg` is what `callback` expects.
+pub unsafe fn rw(
+    direction: Direction,
     ns: Ns,
     qpair: Qpair,
     buf: *mut u8,
-    lba: u64,
-    count: u32,
+    sectors: Sectors,
     callback: Callback,
     arg: *mut c_void,
 ) -> i32 {
+    let (ns, qpair, buf, Sectors { lba, count }) = (ns.as_ptr(), qpair.as_ptr(), buf.cast(), sectors);
     // SAFETY: forwarded contract.
-    unsafe { ffi::spdk_nvme_ns_cmd_read(ns.as_ptr(), qpair.as_ptr(), buf.cast(), lba, count, Some(callback), arg, 0) }
-}
-
-/// Writes `count` sectors at `lba` from `buf`.
-///
-/// # Safety
-/// As [`read`].
-pub unsafe fn write(
-    ns: Ns,
-    qpair: Qpair,
-    buf: *mut u8,
-    lba: u64,
-    count: u32,
-    callback: Callback,
-    arg: *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded contract.
-    unsafe { ffi::spdk_nvme_ns_cmd_write(ns.as_ptr(), qpair.as_ptr(), buf.cast(), lba, count, Some(callback), arg, 0) }
+    unsafe {
+        match direction {
+            Direction::Read => ffi::spdk_nvme_ns_cmd_read(ns, qpair, buf, lba, count, Some(callback), arg, 0),
+            Direction::Write => ffi::spdk_nvme_ns_cmd_write(ns, qpair, buf, lba, count, Some(callback), arg, 0),
+        }
+    }
 }
 
 /// # Safety
-/// As [`read`], without a buffer.
+/// As [`rw`], without a buffer.
 pub unsafe fn flush(ns: Ns, qpair: Qpair, callback: Callback, arg: *mut c_void) -> i32 {
     // SAFETY: forwarded contract.
     unsafe { ffi::spdk_nvme_ns_cmd_flush(ns.as_ptr(), qpair.as_ptr(), Some(callback), arg) }
@@ -306,12 +296,12 @@ pub unsafe fn flush(ns: Ns, qpair: Qpair, callback: Callback, arg: *mut c_void) 
 /// NVMe Dataset Management attribute: deallocate.
 const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
 
-/// Deallocates `count` sectors at `lba` (Dataset Management, one range).
+/// Deallocates `sectors` (Dataset Management, one range).
 ///
 /// # Safety
 /// As [`flush`].
-pub unsafe fn deallocate(ns: Ns, qpair: Qpair, lba: u64, count: u32, callback: Callback, arg: *mut c_void) -> i32 {
-    let range = ffi::spdk_nvme_dsm_range { length: count, starting_lba: lba, ..Default::default() };
+pub unsafe fn deallocate(ns: Ns, qpair: Qpair, sectors: Sectors, callback: Callback, arg: *mut c_void) -> i32 {
+    let range = ffi::spdk_nvme_dsm_range { length: sectors.count, starting_lba: sectors.lba, ..Default::default() };
     // SAFETY: forwarded contract; SPDK copies the range into the command
     // before it returns.
     unsafe {
