@@ -54,7 +54,7 @@ fn run(controllers: &[PathBuf]) -> Result<(), String> {
         return Err(format!("{} controllers given; the node gives one or more", controllers.len()));
     }
     keep_only_sys_admin()?;
-    serve(socket, controllers, &Passthrough::new(controllers.to_vec()))
+    serve(socket, &Passthrough::new(controllers.to_vec()))
 }
 
 /// Leaves this process `CAP_SYS_ADMIN` (NVMe admin passthrough and
@@ -78,13 +78,13 @@ fn keep_only_sys_admin() -> Result<(), String> {
 }
 
 /// Answers requests on `socket` until the other end closes it.
-pub fn serve(socket: BorrowedFd<'_>, controllers: &[PathBuf], admin: &dyn KernelAdmin) -> Result<(), String> {
+pub fn serve(socket: BorrowedFd<'_>, admin: &dyn KernelAdmin) -> Result<(), String> {
     let mut buf = vec![0u8; MESSAGE_BYTES_MAX];
     loop {
         let (reply, held) = match receive(socket, &mut buf) {
             Ok((0, _)) => return Ok(()),
             Ok((n, _)) => match decode::<Request>(&buf[..n]) {
-                Ok(request) => answer(&request, controllers, admin),
+                Ok(request) => answer(&request, admin),
                 Err(err) => (Reply::Failed(err.to_string()), None),
             },
             Err(err) if err.kind() == io::ErrorKind::InvalidData => (Reply::Failed(err.to_string()), None),
@@ -99,13 +99,16 @@ pub fn serve(socket: BorrowedFd<'_>, controllers: &[PathBuf], admin: &dyn Kernel
 }
 
 /// One request's reply, and the device it opened if it opened one.
-pub fn answer(request: &Request, controllers: &[PathBuf], admin: &dyn KernelAdmin) -> (Reply, Option<HeldDevice>) {
+/// A request names a controller by its index among `admin`'s, the ones
+/// the helper was started with.
+pub fn answer(request: &Request, admin: &dyn KernelAdmin) -> (Reply, Option<HeldDevice>) {
     let Some(index) = request.controller() else { return (Reply::Done, None) };
-    let Some(path) = controllers.get(usize::from(index)) else {
+    let controllers = admin.controllers();
+    let Some(controller) = controllers.get(usize::from(index)) else {
         let why = format!("controller {index} is not one of the {} the helper was started with", controllers.len());
         return (Reply::Failed(why), None);
     };
-    let controller = &*path.display().to_string();
+    let controller = controller.as_str();
     let failed = |err: io::Error| Reply::Failed(format!("{controller}: {err}"));
     let reply = |result: io::Result<Reply>| (result.unwrap_or_else(failed), None);
     match *request {

@@ -74,10 +74,8 @@ fn helper(stand: Arc<Stand>) -> (AdminHelper, std::thread::JoinHandle<Result<(),
     let (ours, theirs) =
         socket::socketpair(socket::AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .expect("socketpair");
-    let controllers = vec![PathBuf::from(CONTROLLER)];
-    let served = controllers.clone();
-    let thread = std::thread::spawn(move || serve::serve(theirs.as_fd(), &served, &*stand));
-    (AdminHelper::over(ours, controllers), thread)
+    let thread = std::thread::spawn(move || serve::serve(theirs.as_fd(), &*stand));
+    (AdminHelper::over(ours, vec![PathBuf::from(CONTROLLER)]), thread)
 }
 
 fn stand() -> (tempfile::TempDir, Arc<Stand>) {

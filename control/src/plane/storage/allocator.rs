@@ -75,9 +75,7 @@ impl ControlPlane {
                     "memory driver: a namespace in RAM, gone at restart",
                 )
             }
-            DriverKind::Uring
-                if self.storage.namespace_devices.is_empty() && self.storage.nvme_controllers.is_empty() =>
-            {
+            DriverKind::Uring if self.storage.namespace_devices.is_empty() && !self.storage.has_controllers() => {
                 return file("no NVMe namespace configured: a file per dataset under the data directory".into())
             }
             DriverKind::Spdk => match self.storage.driver.nvme_admin() {
@@ -116,7 +114,7 @@ impl ControlPlane {
         if !free.is_empty() {
             why_not.push(format!("no free namespace device holds {} bytes", size_hint.unwrap_or(0)));
         }
-        if !self.storage.nvme_controllers.is_empty() {
+        if self.storage.has_controllers() {
             match self.take_from_controllers(size_hint) {
                 Ok(record) => return record,
                 Err(why) => why_not.extend(why),
@@ -139,12 +137,16 @@ impl ControlPlane {
         let stack =
             nvme_pool::Stack { admin: &*self.storage.kernel_admin, label: "", active_in_use: None, attach: &attach };
         let taken = nvme_pool::take(&stack, size_hint)?;
-        let device =
-            taken.attached.ok_or_else(|| vec!["the kernel's active namespaces are not offered".to_string()])?;
+        let (device, created) = match taken.found {
+            nvme_pool::Found::Created(device) => (device, true),
+            nvme_pool::Found::Attached(device) => (device, false),
+            // `active_in_use: None` offers no free namespace.
+            nvme_pool::Found::Free => return Err(vec!["the kernel's active namespaces are not offered".to_string()]),
+        };
         tracing::info!("took namespace {} of {} as {}", taken.nsid, taken.controller, device.display());
         let label = crate::nvme::attachment_label(Path::new(&taken.controller), taken.nsid);
         Ok(NamespaceRecord::new(NamespaceKind::Device, device.display().to_string(), taken.reason)
-            .attached_as(label, taken.found == nvme_pool::Found::Created))
+            .attached_as(label, created))
     }
 
     /// Attaches `nsid`, first writing it into the ledger of namespaces

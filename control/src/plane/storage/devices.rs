@@ -25,8 +25,8 @@ impl ControlPlane {
                 refused,
             });
         }
-        for controller in &self.storage.nvme_controllers {
-            out.extend(self.controller_pool(controller, &records));
+        for controller in self.storage.kernel_admin.controllers() {
+            out.extend(self.controller_pool(&controller, &records));
         }
         let (capacity_bytes, available_bytes) = nix::sys::statvfs::statvfs(&self.storage.namespace_dir)
             .map(|s| (s.blocks() * s.fragment_size(), s.blocks_available() * s.fragment_size()))
@@ -58,15 +58,15 @@ impl ControlPlane {
     /// (with the dataset the node attached it for, or none when something
     /// else did) or `nvme_detached` (free for the next dataset). A
     /// controller that does not answer is reported with its error as kind.
-    fn controller_pool(&self, controller: &std::path::Path, records: &[DatasetRecord]) -> Vec<DeviceReport> {
-        let namespaces = self.storage.kernel_admin.namespaces(&controller.display().to_string());
+    fn controller_pool(&self, controller: &str, records: &[DatasetRecord]) -> Vec<DeviceReport> {
+        let namespaces = self.storage.kernel_admin.namespaces(controller);
         let namespaces = match namespaces {
             Ok(namespaces) => namespaces,
             Err(err) => {
-                tracing::warn!("listing the namespaces of {}: {err}", controller.display());
+                tracing::warn!("listing the namespaces of {controller}: {err}");
                 return vec![DeviceReport {
                     kind: "nvme_controller_unreadable".into(),
-                    path: controller.display().to_string(),
+                    path: controller.to_string(),
                     capacity_bytes: 0,
                     used_bytes: 0,
                     datasets: Vec::new(),
@@ -77,7 +77,7 @@ impl ControlPlane {
         namespaces
             .into_iter()
             .map(|ns| {
-                let label = crate::nvme::attachment_label(controller, ns.nsid);
+                let label = crate::nvme::attachment_label(Path::new(controller), ns.nsid);
                 let held: Vec<&DatasetRecord> =
                     records.iter().filter(|r| r.namespace.attached.as_deref() == Some(label.as_str())).collect();
                 let refused = if ns.shared {

@@ -32,8 +32,9 @@ pub struct NamespacePool {
     pub devices: Vec<PathBuf>,
     /// Controllers whose detached namespaces may be attached for datasets.
     pub controllers: Vec<PathBuf>,
-    /// Who issues the controllers' admin commands; this process
-    /// ([`crate::nvme::Passthrough`]) when not given.
+    /// Who issues the controllers' admin commands (the helper, made for the
+    /// same controllers); this process ([`crate::nvme::Passthrough`] over
+    /// `controllers`) when not given.
     pub admin: Option<Arc<dyn crate::nvme::KernelAdmin>>,
     /// Devices to use although they carry a signature (`--claim-device`).
     pub claim: Vec<PathBuf>,
@@ -57,11 +58,11 @@ pub(super) struct Storage {
     /// Held while a namespace is chosen and recorded, so two creates, or a
     /// create and a copy, never take the same one.
     allocator: Mutex<()>,
-    /// NVMe controllers (`/dev/nvmeX`) whose detached namespaces the node
-    /// may attach, one per dataset, when no namespace device is free.
-    nvme_controllers: Vec<PathBuf>,
-    /// How the admin commands for those controllers are issued: here, or
-    /// by the privileged helper when the node runs as `--user`.
+    /// The kernel's admin stack over the NVMe controllers (`/dev/nvmeX`)
+    /// whose detached namespaces the node may attach, one per dataset, when
+    /// no namespace device is free: here, or the privileged helper's when
+    /// the node runs as `--user`. Its `controllers()` are the configured
+    /// ones.
     kernel_admin: Arc<dyn crate::nvme::KernelAdmin>,
     /// Namespaces attached from the controllers, held open exclusively
     /// from their first use until they are detached, by attachment label.
@@ -83,8 +84,8 @@ impl Storage {
         driver: Arc<dyn BlockDriver>,
         pool: NamespacePool,
     ) -> Result<Self, ControlError> {
-        let NamespacePool { devices, controllers: nvme_controllers, admin, claim: claimed_devices } = pool;
-        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough::new(nvme_controllers.clone())));
+        let NamespacePool { devices, controllers, admin, claim: claimed_devices } = pool;
+        let kernel_admin = admin.unwrap_or_else(|| Arc::new(crate::nvme::Passthrough::new(controllers)));
         let mut namespace_devices = Vec::with_capacity(devices.len());
         for device in &devices {
             namespace_devices.push(crate::claim::HeldDevice::open(device).map_err(|e| namespace_error(device, e))?);
@@ -100,11 +101,15 @@ impl Storage {
             claimed_devices,
             attach_ledger,
             allocator: Mutex::new(()),
-            nvme_controllers,
             kernel_admin,
             attached_devices: Mutex::new(HashMap::new()),
             opened: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether any NVMe controller is configured.
+    fn has_controllers(&self) -> bool {
+        !self.kernel_admin.controllers().is_empty()
     }
 
     /// The directory of file namespaces.

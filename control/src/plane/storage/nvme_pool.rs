@@ -15,15 +15,16 @@ use sluice_dataplane::NvmeAdmin;
 
 use super::allocator::{best_fit, hint_words};
 
-/// How a namespace was found.
+/// How a namespace was found, and what taking it returned (`attach`'s
+/// value: the kernel's block device, nothing for SPDK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Found {
-    /// Active already, and no dataset holds it.
+pub(super) enum Found<T> {
+    /// Active already, and no dataset holds it: nothing was done to take it.
     Free,
     /// Created for the dataset, then attached: delete gives it back.
-    Created,
+    Created(T),
     /// Attached from the detached pool: delete detaches it again.
-    Attached,
+    Attached(T),
 }
 
 /// A namespace taken for a dataset.
@@ -31,9 +32,7 @@ pub(super) enum Found {
 pub(super) struct Taken<T> {
     pub controller: String,
     pub nsid: u32,
-    pub found: Found,
-    /// What `attach` returned; `None` for a free namespace.
-    pub attached: Option<T>,
+    pub found: Found<T>,
     /// Why this one, in words for `dataset stat`.
     pub reason: String,
 }
@@ -116,7 +115,7 @@ pub(super) fn take<T>(stack: &Stack<'_, T>, size_hint: Option<u64>) -> Result<Ta
             free.len(),
             hint_words(size_hint)
         );
-        return Ok(Taken { controller, nsid, found: Found::Free, attached: None, reason });
+        return Ok(Taken { controller, nsid, found: Found::Free, reason });
     }
     if let Some(bytes) = size_hint {
         for controller in stack.admin.controllers() {
@@ -125,7 +124,7 @@ pub(super) fn take<T>(stack: &Stack<'_, T>, size_hint: Option<u64>) -> Result<Ta
                     let reason = format!(
                         "a whole NVMe namespace created for it{label}: namespace {nsid} of {controller}, {bytes} bytes asked"
                     );
-                    return Ok(Taken { controller, nsid, found: Found::Created, attached: Some(attached), reason });
+                    return Ok(Taken { controller, nsid, found: Found::Created(attached), reason });
                 }
                 Err(err) => why_not.push(err),
             }
@@ -147,7 +146,7 @@ pub(super) fn take<T>(stack: &Stack<'_, T>, size_hint: Option<u64>) -> Result<Ta
                 hint_words(size_hint),
                 if why_not.is_empty() { String::new() } else { format!("; {}", why_not.join("; ")) }
             );
-            Ok(Taken { controller, nsid, found: Found::Attached, attached: Some(attached), reason })
+            Ok(Taken { controller, nsid, found: Found::Attached(attached), reason })
         }
         Err(err) => {
             why_not.push(format!("attaching namespace {nsid} of {controller}: {err}"));
@@ -289,7 +288,7 @@ mod tests {
         let admin = listed(true, &[(1, true, 8 << 20, false), (2, true, 2 << 20, false)]);
         let used = HashSet::new();
         let taken = take(&stack(&admin, Some(&used), &attach_ok), Some(1 << 20)).expect("taken");
-        assert_eq!((taken.nsid, taken.found, taken.attached), (2, Found::Free, None), "the smallest that holds it");
+        assert_eq!((taken.nsid, taken.found), (2, Found::Free), "the smallest that holds it");
         assert!(taken.reason.contains("2 were free"), "{}", taken.reason);
         assert!(admin.log().is_empty());
     }
@@ -298,8 +297,7 @@ mod tests {
     fn with_a_size_a_namespace_is_created_before_the_pool_is_touched() {
         let admin = listed(true, &[(4, false, 64 << 20, false)]);
         let taken = take(&stack(&admin, None, &attach_ok), Some(1_000_000)).expect("taken");
-        assert_eq!((taken.nsid, taken.found), (9, Found::Created));
-        assert_eq!(taken.attached.as_deref(), Some("/dev/nvme0n9 (new)"));
+        assert_eq!((taken.nsid, taken.found), (9, Found::Created("/dev/nvme0n9 (new)".to_string())));
         assert!(taken.reason.contains("created for it") && taken.reason.contains("1000000 bytes asked"));
         assert_eq!(admin.log(), ["create 1000000"]);
     }
@@ -315,7 +313,7 @@ mod tests {
             }
         };
         let taken = take(&stack(&admin, None, &attach), Some(1_000_000)).expect("taken");
-        assert_eq!((taken.nsid, taken.found), (4, Found::Attached));
+        assert_eq!((taken.nsid, taken.found), (4, Found::Attached("/dev/nvme0n4".to_string())));
         assert_eq!(admin.log(), ["create 1000000", "delete 9"]);
         assert!(taken.reason.contains("not attached (no block device appeared); deleted again"), "{}", taken.reason);
     }
@@ -327,7 +325,7 @@ mod tests {
         let admin =
             listed(false, &[(2, false, 64 << 20, false), (3, false, 16 << 20, false), (5, false, 1 << 20, false)]);
         let taken = take(&stack(&admin, None, &attach_ok), Some(2 << 20)).expect("taken");
-        assert_eq!((taken.nsid, taken.found), (3, Found::Attached));
+        assert_eq!((taken.nsid, taken.found), (3, Found::Attached("/dev/nvme0n3".to_string())));
         assert!(taken.reason.contains(&format!("{} bytes (3 were detached", 16 << 20)), "{}", taken.reason);
         assert!(taken.reason.contains("has no namespace management"), "{}", taken.reason);
         let none = take(&stack(&admin, None, &attach_ok), Some(128 << 20)).expect_err("none holds it");

@@ -155,7 +155,7 @@ impl ControlPlane {
     fn check_attachment(&self, label: &str, device: &str) -> Result<(), String> {
         let (controller, nsid) =
             crate::nvme::parse_attachment_label(label).ok_or_else(|| format!("{label} is not CONTROLLER:NSID"))?;
-        if !self.storage.nvme_controllers.contains(&controller) {
+        if !self.storage.kernel_admin.controllers().iter().any(|c| Path::new(c) == controller) {
             return Err(format!("{} is not one of this node's nvme_controllers", controller.display()));
         }
         let entry = self.storage.attach_ledger.get(label).ok_or_else(|| {

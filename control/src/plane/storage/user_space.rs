@@ -31,7 +31,8 @@ impl ControlPlane {
                 let record = NamespaceRecord::new(NamespaceKind::Nvme, path.clone(), taken.reason);
                 match taken.found {
                     Found::Free => record,
-                    Found::Created | Found::Attached => record.attached_as(path, taken.found == Found::Created),
+                    Found::Created(()) => record.attached_as(path, true),
+                    Found::Attached(()) => record.attached_as(path, false),
                 }
             }
             Err(why) => unplaced(format!("no free NVMe namespace on the SPDK controllers: {}", why.join("; "))),
