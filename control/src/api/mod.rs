@@ -137,12 +137,10 @@ pub fn router(control: Shared) -> Router {
 
 /// Requests the API serves at once; more are answered 503 `busy` at once.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 256;
-/// How long a request may take, but for the long operations
-/// ([`UNTIMED`]), which report progress by finishing.
-pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-/// An upload that sends nothing for this long is cut off (and changes
-/// nothing).
-pub const UPLOAD_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Every request but the long ones ([`UNTIMED`]) has this long; an upload
+/// idle for [`UPLOAD_IDLE_TIMEOUT`] is cut off. Shared with the clients,
+/// which wait by the same bounds.
+pub use sluice_proto::api::{REQUEST_TIMEOUT, UPLOAD_IDLE_TIMEOUT};
 /// Operations whose length is their work's (an upload, a seal or a scrub
 /// reads every byte): bounded by the upload idle timeout, not a deadline.
 const UNTIMED: &[(&str, &str)] = &[

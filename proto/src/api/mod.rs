@@ -21,6 +21,15 @@ pub use grants::{GrantRequest, GrantView};
 pub use policy::{FlowDecisions, PolicyInfo, PolicyReport, Unloaded, WorkerConnections};
 pub use trace::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
 
+/// How long the node lets a request take, but for the operations whose
+/// length is their work's (an upload, a seal or a scrub reads every byte),
+/// which report progress by finishing. Past it the node answers 503
+/// `timeout`; a client waits a little longer, to read that answer.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// An upload that sends nothing for this long is cut off by the node (and
+/// changes nothing); a client whose send is stuck this long gives up too.
+pub const UPLOAD_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What a node's control API (`GET /v1/node`) says about the node; clients
 /// read the data-plane address from it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
