@@ -53,6 +53,16 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Only the instruction count per served 4 KiB read (callgrind), on a
+    /// node of its own; keeps the callgrind outputs for
+    /// `callgrind_annotate` (in target/bench-instructions).
+    Instructions {
+        /// Batches of 32 reads in the small and the large run.
+        #[arg(long, default_value_t = 200)]
+        small: u64,
+        #[arg(long, default_value_t = 1000)]
+        large: u64,
+    },
     /// sluice's RDMA transport next to perftest (ib_write_bw, ib_read_bw) on
     /// the rig's soft-RoCE pair (or real devices via SLUICE_HW_*); writes
     /// rdma.md and rdma.json.
@@ -70,6 +80,7 @@ fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Cmd::All { short, seconds, data_mib, out } => run_all(short, seconds, data_mib, out),
         Cmd::Rdma { seconds, out } => run_rdma(seconds, out),
+        Cmd::Instructions { small, large } => run_instructions(small, large),
     };
     match outcome {
         Ok(report) => {
@@ -88,6 +99,49 @@ fn run_rdma(seconds: u64, out: Option<PathBuf>) -> Result<PathBuf, String> {
     let markdown = rdma::run(seconds.max(1), &out)?;
     print!("{markdown}");
     Ok(out.join("rdma.md"))
+}
+
+fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
+    if small >= large {
+        return Err(format!("--small ({small}) must be fewer batches than --large ({large})"));
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("no workspace")?.to_path_buf();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
+    let bin = built_binaries(&workspace, &target)?;
+    let work = target.join("bench-instructions");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    write_random(&work.join("data.bin"), 64 << 20)?;
+    let node_dir = work.join("node");
+    let (node, endpoint) = Server::sluiced(&[], &bin.join("sluiced"), &node_dir, "direct", &[])?;
+    sluicectl(&bin, &endpoint, &["dataset", "create", "bytes", "--kind", "bytes"])?;
+    sluicectl(&bin, &endpoint, &["dataset", "ingest", "bytes", &work.join("data.bin").display().to_string()])?;
+    sluicectl(&bin, &endpoint, &["dataset", "seal", "bytes"])?;
+    drop(node);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let count = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", &work, (small, large))?;
+    println!(
+        "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}",
+        count.instructions_per_read,
+        count.instructions_large,
+        count.instructions_small,
+        count.reads_large,
+        count.reads_small,
+        Profile::OF_THIS_BUILD.caveat()
+    );
+    Ok(work.join(format!("callgrind.{large}.out")))
+}
+
+/// The directory of `sluiced` and `sluicectl` as this build's profile
+/// makes them, built first if missing.
+fn built_binaries(workspace: &Path, target: &Path) -> Result<PathBuf, String> {
+    let bin = target.join(Profile::OF_THIS_BUILD.directory());
+    if !bin.join("sluiced").is_file() || !bin.join("sluicectl").is_file() {
+        let mut build = cargo();
+        build.args(["build", "-p", "sluice", "--bins"]).args(Profile::OF_THIS_BUILD.cargo_flag());
+        output(build.current_dir(workspace))?;
+    }
+    Ok(bin)
 }
 
 /// Paths the suite works with.
@@ -228,12 +282,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     let data_bytes = data_mib.unwrap_or(if short { 32 } else { 1024 }) << 20;
     let versions = versions()?;
     let layout = layout(short, out)?;
-    let bin = layout.target.join(Profile::OF_THIS_BUILD.directory());
-    if !bin.join("sluiced").is_file() || !bin.join("sluicectl").is_file() {
-        let mut build = cargo();
-        build.args(["build", "-p", "sluice", "--bins"]).args(Profile::OF_THIS_BUILD.cargo_flag());
-        output(build.current_dir(&layout.workspace))?;
-    }
+    let bin = built_binaries(&layout.workspace, &layout.target)?;
     let work = &layout.work;
     println!(
         "preparing {} MiB of random bytes and {} MiB of tokens in {}",
