@@ -77,3 +77,25 @@ fn a_lost_catalog_stops_the_node_and_adopting_one_quarantines() {
     assert!(std::fs::read_dir(data.join("orphans")).expect("orphans dir").next().is_none(), "purged");
     assert_eq!(node.gauge("sluice_orphaned_files"), Some(0.0));
 }
+
+/// The data directory named another way (a symlink, a relative path, a
+/// mount point's other name) is the same directory: its datasets' files are
+/// theirs, not orphans, and are served.
+#[test]
+fn another_name_for_the_data_directory_keeps_its_datasets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("node");
+    let node = NodeProcess::start(&data);
+    let bytes = random_file(&dir.path().join("a.bin"), 300_000, 5);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    drop(node);
+
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).expect("symlink");
+    let node = NodeProcess::start(&link);
+    assert!(!data.join("orphans").exists(), "nothing was quarantined");
+    let dataset = Client::connect(&node.endpoint).expect("connect").open("a").expect("open a");
+    let mut buf = vec![0u8; bytes.len()];
+    dataset.read_batch(&[ReadRange { offset: 0, len: bytes.len() as u32, dest: 0 }], &mut buf).expect("read");
+    assert!(buf == bytes, "served byte-exact under the directory's other name");
+}

@@ -201,6 +201,15 @@ impl ControlPlane {
         choice: CatalogChoice,
         adopt: bool,
     ) -> Result<Self, ControlError> {
+        // One name for the directory, however it was given (relative, by a
+        // symlink): records keep absolute paths under it, and a file is
+        // told from an orphan by its path.
+        let dir_error = |e: std::io::Error| ControlError::Namespace {
+            name: data_dir.display().to_string(),
+            message: format!("the data directory: {e}"),
+        };
+        std::fs::create_dir_all(data_dir).map_err(dir_error)?;
+        let data_dir = &std::fs::canonicalize(data_dir).map_err(dir_error)?;
         let storage = storage::Storage::open(data_dir, driver, pool)?;
         let index_dir = data_dir.join("indexes");
         std::fs::create_dir_all(&index_dir)

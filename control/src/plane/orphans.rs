@@ -29,7 +29,10 @@ impl ControlPlane {
                 // that never finished.
                 self.index_file(record)?.truncate(record.record_count).map_err(|e| self.ns_error(record, e))?;
             }
-            known.insert(PathBuf::from(&record.namespace.path));
+            // As the directory is named now: a record written while it had
+            // another name (a symlink, a relative path) still owns its file.
+            let namespace = PathBuf::from(&record.namespace.path);
+            known.insert(std::fs::canonicalize(&namespace).unwrap_or(namespace));
             known.insert(self.index_path(record));
             known.insert(self.checksums.path(record.id));
             let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
@@ -44,7 +47,7 @@ impl ControlPlane {
         ] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
-                if !known.contains(&path) {
+                if !known.contains(&path) && !std::fs::canonicalize(&path).is_ok_and(|p| known.contains(&p)) {
                     self.quarantine(&path)?;
                 }
             }
