@@ -31,6 +31,9 @@ const TLS_HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Bytes of requests read ahead per connection.
+const REQUEST_BUFFER_BYTES: usize = 64 << 10;
+
 /// Connections held per source address; a guard gives its place back.
 type SourceCounts = Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>;
 
@@ -183,11 +186,14 @@ impl<R: DatasetResolver> Connection<R> {
 
     /// Serves one connection's frames once its transport (plain or TLS)
     /// is up; `peer_name` is the client certificate's CN, if any.
-    async fn serve<Rd, Wr>(self, mut reader: Rd, writer: Wr, peer_name: Option<String>)
+    async fn serve<Rd, Wr>(self, reader: Rd, writer: Wr, peer_name: Option<String>)
     where
         Rd: AsyncRead + Unpin,
         Wr: AsyncWrite + Unpin + Send + 'static,
     {
+        // A request's frame header and its descriptors (and the next
+        // requests a client pipelined) come out of one `recv`.
+        let mut reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
         let credits = self.config.credits.max(1);
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
         let drain =

@@ -8,7 +8,7 @@ impl CoreEngine {
     /// The probe of a batch that just arrived: its sizes and its flow.
     pub(super) fn probe_of(&self, batch: &ReadBatch) -> BatchProbe {
         let dataset_id = match self.datasets.get(batch.dataset.index as usize) {
-            Some(Some((generation, view))) if *generation == batch.dataset.generation => view.dataset_id,
+            Some(Some(attached)) if attached.generation == batch.dataset.generation => attached.view.dataset_id,
             _ => 0,
         };
         let mut probe = BatchProbe {
@@ -67,7 +67,9 @@ impl CoreEngine {
                 continue;
             }
             let attached = self.datasets.get(batch.dataset.index as usize).cloned().flatten();
-            let Some(view) = attached.filter(|(g, _)| *g == batch.dataset.generation).map(|(_, v)| v) else {
+            let Some(AttachedView { view, block_size_bytes, .. }) =
+                attached.filter(|attached| attached.generation == batch.dataset.generation)
+            else {
                 if let Some((batch, _)) = self.waiting[lane].pop_front() {
                     let _ = batch.reply.send(Err(SubmitError::UnknownDataset));
                 }
@@ -75,7 +77,7 @@ impl CoreEngine {
             };
             let Some(&active_index) = self.active_free.last() else { return };
             let geometry = PlanGeometry {
-                block_size_bytes: view.namespace.geometry().block_size_bytes,
+                block_size_bytes,
                 unit_bytes_max: self.unit_bytes_max,
                 base_offset_bytes: view.base_offset_bytes,
                 length_bytes: view.length_bytes,

@@ -11,13 +11,23 @@ use super::*;
 use inflight::ActiveBatch;
 use poll::PollWindow;
 
+/// A dataset attached to this core, with what planning needs of its
+/// namespace read once at attach (asking the namespace is a syscall for a
+/// file).
+#[derive(Clone)]
+struct AttachedView {
+    generation: u32,
+    view: Arc<DatasetView>,
+    block_size_bytes: u32,
+}
+
 pub(super) struct CoreEngine {
     id: usize,
     queue: Queue,
     pool: SlotPool,
     inbox: mpsc::Receiver<CoreMsg>,
     parked: Arc<AtomicBool>,
-    datasets: Vec<Option<(u32, Arc<DatasetView>)>>,
+    datasets: Vec<Option<AttachedView>>,
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
     detaching: Vec<(u32, oneshot::Sender<()>)>,
@@ -187,7 +197,9 @@ impl CoreEngine {
             CoreMsg::Decisions(decisions) => self.decisions = Some(decisions),
             CoreMsg::Attach(slot, view) => {
                 self.queue.register_namespace(slot.index, &view.namespace.target());
-                self.datasets[slot.index as usize] = Some((slot.generation, view));
+                let block_size_bytes = view.namespace.geometry().block_size_bytes;
+                self.datasets[slot.index as usize] =
+                    Some(AttachedView { generation: slot.generation, view, block_size_bytes });
             }
             CoreMsg::Detach(slot, ack) => {
                 self.datasets[slot as usize] = None;
