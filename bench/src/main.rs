@@ -105,8 +105,7 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
     if small >= large {
         return Err(format!("--small ({small}) must be fewer batches than --large ({large})"));
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("no workspace")?.to_path_buf();
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
+    let (workspace, target) = workspace_and_target()?;
     let bin = built_binaries(&workspace, &target)?;
     let work = target.join("bench-instructions");
     let _ = std::fs::remove_dir_all(&work);
@@ -132,6 +131,13 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
     Ok(work.join(format!("callgrind.{large}.out")))
 }
 
+/// The workspace and its target directory (`CARGO_TARGET_DIR` if set).
+fn workspace_and_target() -> Result<(PathBuf, PathBuf), String> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("no workspace")?.to_path_buf();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
+    Ok((workspace, target))
+}
+
 /// The directory of `sluiced` and `sluicectl` as this build's profile
 /// makes them, built first if missing.
 fn built_binaries(workspace: &Path, target: &Path) -> Result<PathBuf, String> {
@@ -153,8 +159,7 @@ struct Layout {
 }
 
 fn layout(short: bool, out: Option<PathBuf>) -> Result<Layout, String> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("no workspace")?.to_path_buf();
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
+    let (workspace, target) = workspace_and_target()?;
     let date = output(Command::new("date").arg("+%Y-%m-%d"))?.trim().to_string();
     let out = out.unwrap_or_else(|| {
         if short {

@@ -164,20 +164,17 @@ impl ControlHttp {
         self.tls.clone()
     }
 
-    /// A request to `path`, with the bearer credential set, under the
-    /// ordinary deadline.
+    /// A request to `path`, with the bearer credential set: under the
+    /// ordinary deadline, or, for one of the node's long operations
+    /// ([`sluice_proto::api::LONG_OPERATIONS`]), with none but the bounds
+    /// of [`Timeouts`] on a stuck send and a silent node.
     pub fn request(&self, method: &str, path: &str) -> ureq::Request {
-        self.authorized(self.agent.request(method, &format!("{}{path}", self.endpoint)))
+        let long = sluice_proto::api::is_long_operation(method, path);
+        self.on(if long { &self.long_agent } else { &self.agent }, method, path)
     }
 
-    /// A long operation's request to `path` (an ingest, seal or scrub, a
-    /// streamed download): no deadline, but no send stuck and no answer
-    /// awaited past the bounds of [`Timeouts`].
-    pub fn long_request(&self, method: &str, path: &str) -> ureq::Request {
-        self.authorized(self.long_agent.request(method, &format!("{}{path}", self.endpoint)))
-    }
-
-    fn authorized(&self, request: ureq::Request) -> ureq::Request {
+    fn on(&self, agent: &ureq::Agent, method: &str, path: &str) -> ureq::Request {
+        let request = agent.request(method, &format!("{}{path}", self.endpoint));
         match &self.bearer {
             Some(token) => request.set("authorization", &format!("Bearer {token}")),
             None => request,
@@ -224,7 +221,7 @@ impl ControlHttp {
     /// of a billion records is 16 GB).
     pub fn get_bytes(&self, path: &str) -> Result<Vec<u8>, ApiFailure> {
         let mut bytes = Vec::new();
-        let response = self.call(self.long_request("GET", path).call())?;
+        let response = self.call(self.on(&self.long_agent, "GET", path).call())?;
         std::io::Read::read_to_end(&mut response.into_reader(), &mut bytes).map_err(|e| ApiFailure {
             status: None,
             code: None,
@@ -312,7 +309,7 @@ mod tests {
     fn a_long_operation_outlasts_the_ordinary_deadline() {
         let endpoint = node_answering_after(Some(Duration::from_millis(900)));
         let http = ControlHttp::with_timeouts(&endpoint, &ClientTlsFiles::default(), short_timeouts()).expect("client");
-        let long = http.call(http.long_request("POST", "/v1/datasets/d/ingest").send_bytes(&[7u8; 4096]));
+        let long = http.call(http.request("POST", "/v1/datasets/d/ingest").send_bytes(&[7u8; 4096]));
         assert_eq!(long.expect("a long operation waits for its answer").into_string().expect("body"), "ok");
         let ordinary = http.call(http.request("POST", "/v1/datasets/d/pin").send_bytes(&[7u8; 16]));
         let failure = ordinary.expect_err("an ordinary request has a deadline");
@@ -326,9 +323,8 @@ mod tests {
         let silent = node_answering_after(None);
         let timeouts = Timeouts { answer_wait: Duration::from_millis(300), ..short_timeouts() };
         let http = ControlHttp::with_timeouts(&silent, &ClientTlsFiles::default(), timeouts).expect("client");
-        let failure = http
-            .call(http.long_request("POST", "/v1/datasets/d/seal").call())
-            .expect_err("no answer within the long wait");
+        let failure =
+            http.call(http.request("POST", "/v1/datasets/d/seal").call()).expect_err("no answer within the long wait");
         assert!(failure.message.contains("timed out"), "{failure}");
 
         // A node that accepts and never reads: the upload fills the socket
@@ -337,9 +333,8 @@ mod tests {
         let endpoint = format!("http://{}", listener.local_addr().expect("address"));
         let http = ControlHttp::with_timeouts(&endpoint, &ClientTlsFiles::default(), short_timeouts()).expect("client");
         let upload = std::io::Read::take(std::io::repeat(0), 256 << 20);
-        let failure = http
-            .call(http.long_request("POST", "/v1/datasets/d/ingest").send(upload))
-            .expect_err("a stuck upload gives up");
+        let failure =
+            http.call(http.request("POST", "/v1/datasets/d/ingest").send(upload)).expect_err("a stuck upload gives up");
         assert!(failure.message.contains("timed out sending"), "{failure}");
         drop(listener);
     }

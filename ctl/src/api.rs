@@ -46,12 +46,6 @@ impl Api {
     pub fn request(&self, method: &str, path: &str) -> ureq::Request {
         self.http.request(method, path)
     }
-
-    /// An operation whose length is its work's (ingest, seal, scrub): no
-    /// deadline, but no stuck send or silent node past their bounds.
-    pub fn long_request(&self, method: &str, path: &str) -> ureq::Request {
-        self.http.long_request(method, path)
-    }
 }
 
 /// A secret given on the command line or in the environment: the value

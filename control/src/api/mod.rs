@@ -137,17 +137,10 @@ pub fn router(control: Shared) -> Router {
 
 /// Requests the API serves at once; more are answered 503 `busy` at once.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 256;
-/// Every request but the long ones ([`UNTIMED`]) has this long; an upload
-/// idle for [`UPLOAD_IDLE_TIMEOUT`] is cut off. Shared with the clients,
-/// which wait by the same bounds.
-pub use sluice_proto::api::{REQUEST_TIMEOUT, UPLOAD_IDLE_TIMEOUT};
-/// Operations whose length is their work's (an upload, a seal or a scrub
-/// reads every byte): bounded by the upload idle timeout, not a deadline.
-const UNTIMED: &[(&str, &str)] = &[
-    ("POST", "/v1/datasets/{name}/ingest"),
-    ("POST", "/v1/datasets/{name}/seal"),
-    ("POST", "/v1/datasets/{name}/scrub"),
-];
+/// Every request but the long ones ([`LONG_OPERATIONS`]) has this long;
+/// an upload idle for [`UPLOAD_IDLE_TIMEOUT`] is cut off. Shared with the
+/// clients, which wait by the same bounds.
+pub use sluice_proto::api::{LONG_OPERATIONS, REQUEST_TIMEOUT, UPLOAD_IDLE_TIMEOUT};
 
 /// The API's own bounds: requests in flight and how long each may take.
 struct Limits {
@@ -171,7 +164,7 @@ async fn bounded(State(limits): State<Arc<Limits>>, request: Request, next: Next
     };
     let path = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let method = request.method().as_str().to_string();
-    if UNTIMED.iter().any(|(m, p)| *m == method && *p == path) {
+    if LONG_OPERATIONS.iter().any(|(m, p)| *m == method && *p == path) {
         return next.run(request).await;
     }
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {

@@ -47,7 +47,8 @@ impl ControlPlane {
         ] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
-                if !known.contains(&path) && !std::fs::canonicalize(&path).is_ok_and(|p| known.contains(&p)) {
+                // Under the canonical data directory, already canonical.
+                if !known.contains(&path) {
                     self.quarantine(&path)?;
                 }
             }

@@ -84,7 +84,7 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
         }
         DatasetCommand::Seal { name } => {
             let record: DatasetRecord = api
-                .call(api.long_request("POST", &format!("/v1/datasets/{name}/seal")).call())?
+                .call(api.request("POST", &format!("/v1/datasets/{name}/seal")).call())?
                 .into_json()
                 .map_err(unreadable_answer)?;
             let hash = record.content_hash.clone().unwrap_or_default();
@@ -233,7 +233,7 @@ fn stage_index(api: &Api, name: &str, path: &Path) -> Result<()> {
     let bytes = std::fs::read(path).map_err(local(path))?;
     let npy = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
     let request = api
-        .long_request("POST", &format!("/v1/datasets/{name}/index"))
+        .request("POST", &format!("/v1/datasets/{name}/index"))
         .query("format", if npy { "npy" } else { "raw" })
         .set("Content-Type", "application/octet-stream")
         .send_bytes(&bytes);
@@ -269,7 +269,7 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
     let crc = Arc::new(std::sync::Mutex::new(0u32));
     let reader = SharedCrc { reader, out: Arc::clone(&crc) };
     let request = api
-        .long_request("POST", &format!("/v1/datasets/{name}/ingest"))
+        .request("POST", &format!("/v1/datasets/{name}/ingest"))
         .query("format", if npy { "npy" } else { "raw" })
         .set("Content-Type", "application/octet-stream")
         .send(reader);

@@ -55,7 +55,7 @@ pub fn read(api: &Api, name: &str, offset: u64, len: u64, output: Option<&Path>)
 
 pub fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
     let report: ScrubReport = api
-        .call(api.long_request("POST", &format!("/v1/datasets/{name}/scrub")).call())?
+        .call(api.request("POST", &format!("/v1/datasets/{name}/scrub")).call())?
         .into_json()
         .map_err(unreadable_answer)?;
     if json {

@@ -29,6 +29,43 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// An upload that sends nothing for this long is cut off by the node (and
 /// changes nothing); a client whose send is stuck this long gives up too.
 pub const UPLOAD_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The operations whose length is their work's (an upload; a seal or a
+/// scrub reads every byte before it answers), as `(method, route)`: the
+/// node bounds them by [`UPLOAD_IDLE_TIMEOUT`] instead of
+/// [`REQUEST_TIMEOUT`], and clients wait for them without a deadline.
+pub const LONG_OPERATIONS: &[(&str, &str)] = &[
+    ("POST", "/v1/datasets/{name}/ingest"),
+    ("POST", "/v1/datasets/{name}/seal"),
+    ("POST", "/v1/datasets/{name}/scrub"),
+];
+
+/// Whether `method` on `path` (a request's path, `{name}` filled in, any
+/// query after `?`) is one of the [`LONG_OPERATIONS`].
+pub fn is_long_operation(method: &str, path: &str) -> bool {
+    let path = path.split_once('?').map_or(path, |(path, _)| path);
+    LONG_OPERATIONS.iter().any(|&(long_method, route)| {
+        long_method == method
+            && route.split('/').count() == path.split('/').count()
+            && route.split('/').zip(path.split('/')).all(|(r, p)| r == p || (r.starts_with('{') && !p.is_empty()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_long_operation;
+
+    #[test]
+    fn long_operations_are_matched_by_route() {
+        assert!(is_long_operation("POST", "/v1/datasets/tokens/ingest"));
+        assert!(is_long_operation("POST", "/v1/datasets/tokens/ingest?format=npy"));
+        assert!(is_long_operation("POST", "/v1/datasets/t/seal"));
+        assert!(is_long_operation("POST", "/v1/datasets/t/scrub"));
+        assert!(!is_long_operation("GET", "/v1/datasets/t/ingest"));
+        assert!(!is_long_operation("POST", "/v1/datasets/t/pin"));
+        assert!(!is_long_operation("POST", "/v1/datasets//ingest"));
+        assert!(!is_long_operation("POST", "/v1/datasets/t/ingest/more"));
+    }
+}
 
 /// What a node's control API (`GET /v1/node`) says about the node; clients
 /// read the data-plane address from it.
