@@ -345,10 +345,26 @@ fn with_private_bpffs<T>(f: impl FnOnce(&Path) -> Result<T, SteerError>) -> Resu
 /// the port the first got, when `addr`'s port is 0): the latency-lane and
 /// bulk-lane worker sockets for [`Steering::steer_listeners`].
 pub fn reuseport_pair(addr: std::net::SocketAddr, backlog: i32) -> std::io::Result<(TcpListener, TcpListener)> {
-    let latency = reuseport_listener(addr, backlog)?;
-    let bound = latency.local_addr()?;
-    let bulk = reuseport_listener(bound, backlog)?;
-    Ok((latency, bulk))
+    let mut group = reuseport_group(addr, 2, backlog)?;
+    let bulk = group.pop();
+    let latency = group.pop();
+    latency.zip(bulk).ok_or_else(|| std::io::Error::other("a reuseport group of two came back short"))
+}
+
+/// `count` TCP listeners of one `SO_REUSEPORT` group on `addr` (all on the
+/// port the first got, when `addr`'s port is 0). Without a `sk_reuseport`
+/// program the kernel spreads connections over them by a hash of the
+/// connection's addresses; only sockets of this user may join the group.
+pub fn reuseport_group(addr: std::net::SocketAddr, count: usize, backlog: i32) -> std::io::Result<Vec<TcpListener>> {
+    assert!(count >= 1, "a listener group needs a listener");
+    let first = reuseport_listener(addr, backlog)?;
+    let bound = first.local_addr()?;
+    let mut group = Vec::with_capacity(count);
+    group.push(first);
+    for _ in 1..count {
+        group.push(reuseport_listener(bound, backlog)?);
+    }
+    Ok(group)
 }
 
 fn reuseport_listener(addr: std::net::SocketAddr, backlog: i32) -> std::io::Result<TcpListener> {

@@ -33,8 +33,8 @@ pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
     fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome;
 }
 
-/// Hands `batch` to the data plane, after its fill when `through` says a
-/// chunk is missing.
+/// Hands `batch` to the data plane (to `core`, if the connection is placed
+/// on one), after its fill when `through` says a chunk is missing.
 ///
 /// The fill runs as a task of its own, so the connection keeps reading
 /// (and other batches, of present chunks, are served meanwhile); the
@@ -42,12 +42,13 @@ pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
 /// fill failed marked with why and read as nothing.
 pub async fn submit(
     plane: &Arc<DataPlane>,
+    core: Option<usize>,
     batch: ReadBatch,
     through: Option<&Arc<dyn ReadThrough>>,
 ) -> Result<(), SubmitError> {
-    let Some(through) = through else { return plane.submit(batch).await };
+    let Some(through) = through else { return to_core(plane, core, batch).await };
     if let Some(lease) = through.admit(&batch.ranges) {
-        return plane.submit(ReadBatch { hold: Some(lease), ..batch }).await;
+        return to_core(plane, core, ReadBatch { hold: Some(lease), ..batch }).await;
     }
     let fill = through.fill(batch.ranges.clone());
     let plane = Arc::clone(plane);
@@ -62,7 +63,9 @@ pub async fn submit(
             }
         }
         let (inner, result) = oneshot::channel();
-        if let Err(err) = plane.submit(ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold }).await {
+        if let Err(err) =
+            to_core(&plane, core, ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold }).await
+        {
             let _ = reply.send(Err(err));
             return;
         }
@@ -81,4 +84,11 @@ pub async fn submit(
         let _ = reply.send(outcome);
     });
     Ok(())
+}
+
+async fn to_core(plane: &DataPlane, core: Option<usize>, batch: ReadBatch) -> Result<(), SubmitError> {
+    match core {
+        Some(core) => plane.submit_to(core, batch).await,
+        None => plane.submit(batch).await,
+    }
 }

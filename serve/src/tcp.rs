@@ -1,5 +1,7 @@
-//! The TCP transport's server: one task reads a connection's frames and
-//! hands batches to the data plane, one writes responses as they complete.
+//! The TCP transport's server: each connection is served on the event loop
+//! of the data-plane core its listener belongs to, where one task reads its
+//! frames and hands batches to that core, and one writes responses as they
+//! complete; the core's engine runs beside them on the same thread.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -76,57 +78,93 @@ fn refuse(mut stream: TcpStream, message: String) {
     });
 }
 
-/// Accepts connections until `shutdown` turns true.
-pub async fn serve<R: DatasetResolver>(
-    listener: TcpListener,
+/// One data port's connections: the limits they share (connections in
+/// all, per source address) whichever core serves them.
+pub struct TcpServer<R> {
     plane: Arc<DataPlane>,
     resolver: Arc<R>,
     config: ServerConfig,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
-    let sources = SourceCounts::default();
-    let mut next_client_id = 0u32;
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                        tracing::warn!(%peer, "refusing a connection: {} are open", config.connections_max);
-                        refuse(stream, format!("the node serves at most {} connections", config.connections_max));
-                        continue;
-                    };
-                    let Some(source) = SourceGuard::take(&sources, peer.ip(), config.connections_per_source_max) else {
-                        tracing::warn!(%peer, "refusing a connection: its address holds {}", config.connections_per_source_max);
-                        refuse(stream, format!(
-                            "the node serves at most {} connections per source address",
-                            config.connections_per_source_max
-                        ));
-                        continue;
-                    };
-                    let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL);
-                    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-                    next_client_id = next_client_id.wrapping_add(1);
-                    config.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let connection = Connection {
-                        client_id: next_client_id,
-                        plane: Arc::clone(&plane),
-                        resolver: Arc::clone(&resolver),
-                        config: config.clone(),
-                        peer,
-                    };
-                    tokio::spawn(async move {
-                        connection.run(stream).await;
-                        drop(source);
-                        drop(slot);
-                    });
-                }
-                Err(err) => {
-                    tracing::warn!("accept: {err}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = shutdown.changed() => return,
+    slots: Arc<Semaphore>,
+    sources: SourceCounts,
+    next_client_id: std::sync::atomic::AtomicU32,
+}
+
+impl<R: DatasetResolver> TcpServer<R> {
+    pub fn new(plane: Arc<DataPlane>, resolver: Arc<R>, config: ServerConfig) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Arc::new(Semaphore::new(config.connections_max.max(1))),
+            sources: SourceCounts::default(),
+            next_client_id: std::sync::atomic::AtomicU32::new(0),
+            plane,
+            resolver,
+            config,
+        })
+    }
+
+    /// Serves `listener` on core `core`'s event loop (see
+    /// [`DataPlane::core_runtime`]) until `shutdown` turns true.
+    pub fn serve_on_core(
+        self: &Arc<Self>,
+        listener: std::net::TcpListener,
+        core: usize,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let server = Arc::clone(self);
+        self.plane.core_runtime(core).spawn(async move {
+            let listener = listener.set_nonblocking(true).and_then(|()| TcpListener::from_std(listener));
+            match listener {
+                Ok(listener) => server.serve(listener, core, shutdown).await,
+                Err(err) => tracing::error!(core, "data-port listener: {err}"),
+            }
+        })
+    }
+
+    /// Accepts connections until `shutdown` turns true, on core `core`'s
+    /// event loop; each is served there.
+    async fn serve(self: Arc<Self>, listener: TcpListener, core: usize, mut shutdown: watch::Receiver<bool>) {
+        let config = &self.config;
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+                            tracing::warn!(%peer, "refusing a connection: {} are open", config.connections_max);
+                            refuse(stream, format!("the node serves at most {} connections", config.connections_max));
+                            continue;
+                        };
+                        let Some(source) = SourceGuard::take(&self.sources, peer.ip(), config.connections_per_source_max) else {
+                            tracing::warn!(%peer, "refusing a connection: its address holds {}", config.connections_per_source_max);
+                            refuse(stream, format!(
+                                "the node serves at most {} connections per source address",
+                                config.connections_per_source_max
+                            ));
+                            continue;
+                        };
+                        let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL);
+                        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+                        let client_id = self.next_client_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_add(1);
+                        config.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let connection = Connection {
+                            client_id,
+                            plane: Arc::clone(&self.plane),
+                            resolver: Arc::clone(&self.resolver),
+                            config: config.clone(),
+                            peer,
+                            core,
+                        };
+                        tokio::spawn(async move {
+                            connection.run(stream).await;
+                            drop(source);
+                            drop(slot);
+                        });
+                    }
+                    Err(err) => {
+                        tracing::warn!("accept: {err}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                _ = shutdown.changed() => return,
+            }
         }
     }
 }
@@ -162,6 +200,9 @@ struct Connection<R> {
     resolver: Arc<R>,
     config: ServerConfig,
     peer: SocketAddr,
+    /// The core whose event loop serves this connection and reads its
+    /// batches.
+    core: usize,
 }
 
 impl<R: DatasetResolver> Connection<R> {
@@ -323,7 +364,7 @@ impl<R: DatasetResolver> Connection<R> {
                         .collect();
                     let (reply, result) = oneshot::channel();
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
-                    let submitted = read_through::submit(&self.plane, batch, through.as_ref());
+                    let submitted = read_through::submit(&self.plane, Some(self.core), batch, through.as_ref());
                     let outgoing = match self.unless_revoked(session, &mut revocations, submitted).await? {
                         Ok(()) => {
                             let tally = Tally { counters, submitted: std::time::Instant::now() };

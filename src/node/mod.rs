@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sluice_control::{api, CatalogChoice, ControlPlane, Resolver};
 use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
 use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
-use sluice_serve::tcp::serve;
+use sluice_serve::tcp::TcpServer;
 use sluice_serve::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -210,22 +210,21 @@ impl Node {
             None
         };
         let bind_error = |source| NodeError::Bind { what: "the data plane", addr: config.listen, source };
-        // With steering, the data port is a SO_REUSEPORT group of two
-        // listeners and the sk_reuseport program picks one per connection.
-        let (data_listener, latency_listener) = match &steering {
+        // The data port is a SO_REUSEPORT group. Without steering, one
+        // listener per core, each served on its core's event loop (the
+        // kernel's hash of the connection's addresses picks the core). With
+        // steering, two: the sk_reuseport program picks the latency-lane
+        // listener, served on core 0, or the bulk one, served on the others.
+        let (data_listeners, latency_listener) = match &steering {
             Some(steering) => {
                 let (latency, bulk) = sluice_ebpf::steer::reuseport_pair(config.listen, 1024).map_err(bind_error)?;
                 steering.attach_listeners(&latency, &bulk).map_err(|e| bind_error(std::io::Error::other(e)))?;
-                let into_tokio = |listener: std::net::TcpListener| {
-                    listener.set_nonblocking(true)?;
-                    Ok::<_, std::io::Error>(listener)
-                };
-                (
-                    TcpListener::from_std(into_tokio(bulk).map_err(bind_error)?).map_err(bind_error)?,
-                    Some(into_tokio(latency).map_err(bind_error)?),
-                )
+                (vec![bulk], Some(latency))
             }
-            None => (TcpListener::bind(config.listen).await.map_err(bind_error)?, None),
+            None => (
+                sluice_ebpf::steer::reuseport_group(config.listen, plane.core_count(), 1024).map_err(bind_error)?,
+                None,
+            ),
         };
         let control_listener = TcpListener::bind(config.control).await.map_err(|source| NodeError::Bind {
             what: "the control API",
@@ -236,7 +235,7 @@ impl Node {
             Some(addr) => Some(bind_rdma(addr, &plane)?),
             None => None,
         };
-        let data_addr = data_listener.local_addr().unwrap_or(config.listen);
+        let data_addr = data_listeners[0].local_addr().unwrap_or(config.listen);
         let control_addr = control_listener.local_addr().unwrap_or(config.control);
         control.set_info(|info| {
             info.name = config.name.clone();
@@ -301,19 +300,20 @@ impl Node {
         // The two worker sockets share the connection limit: a quarter for
         // the latency lane's, the rest for the bulk lane's.
         let latency_connections_max = (server_config.connections_max / 4).max(1);
+        let cores = plane.core_count();
+        let mut bulk_cores = 0..cores;
         if let (Some(listener), Some(steering)) = (latency_listener, &steering) {
             let config = ServerConfig {
                 accepted: Arc::clone(&steering.latency_connections),
                 connections_max: latency_connections_max,
                 ..server_config.clone()
             };
-            tasks.push(serve_latency_workers(
-                listener,
-                Arc::clone(&plane),
-                Arc::clone(&resolver),
-                config,
-                shutdown_rx.clone(),
-            ));
+            let latency = TcpServer::new(Arc::clone(&plane), Arc::clone(&resolver), config);
+            tasks.push(latency.serve_on_core(listener, 0, shutdown_rx.clone()));
+            if cores > 1 {
+                // The latency lane has a core of its own.
+                bulk_cores = 1..cores;
+            }
         }
         let server_config = match &steering {
             Some(steering) => ServerConfig {
@@ -326,13 +326,10 @@ impl Node {
         if let Some(listener) = rdma_listener {
             tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), shutdown_rx.clone()));
         }
-        tasks.push(tokio::spawn(serve(
-            data_listener,
-            Arc::clone(&plane),
-            resolver,
-            server_config,
-            shutdown_rx.clone(),
-        )));
+        let data_server = TcpServer::new(Arc::clone(&plane), resolver, server_config);
+        for (listener, core) in listeners_for_cores(data_listeners, bulk_cores).map_err(bind_error)? {
+            tasks.push(data_server.serve_on_core(listener, core, shutdown_rx.clone()));
+        }
         if let Some(listener) = metrics_listener {
             tracing::info!(
                 "GET /metrics open to anyone on {} (metrics_listen)",
@@ -411,6 +408,20 @@ impl Node {
             runtime.shutdown_background();
         }
     }
+}
+
+/// Which core serves each data-port listener: one listener per core as
+/// bound, or one listener (the bulk lane's) accepted from by each core.
+fn listeners_for_cores(
+    listeners: Vec<std::net::TcpListener>,
+    cores: std::ops::Range<usize>,
+) -> std::io::Result<Vec<(std::net::TcpListener, usize)>> {
+    if listeners.len() == cores.len() {
+        return Ok(listeners.into_iter().zip(cores).collect());
+    }
+    let [listener] = <[_; 1]>::try_from(listeners)
+        .map_err(|group| std::io::Error::other(format!("{} listeners for {} cores", group.len(), cores.len())))?;
+    cores.map(|core| Ok((listener.try_clone()?, core))).collect()
 }
 
 /// Who may call what: operator tokens from `admin_tokens`, or the node's

@@ -5,33 +5,6 @@ use sluice_proto::api::{FlowDecisions, PolicyInfo, PolicyReport, Unloaded, Worke
 
 use super::*;
 
-/// Serves the latency-lane worker socket on a thread of its own (a
-/// current-thread runtime), so small-read connections never queue behind
-/// bulk connections' socket work on the main runtime.
-pub(super) fn serve_latency_workers(
-    listener: std::net::TcpListener,
-    plane: Arc<DataPlane>,
-    resolver: Arc<Resolver>,
-    config: ServerConfig,
-    shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::task::spawn_blocking(move || {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                tracing::error!("latency-lane workers: {err}");
-                return;
-            }
-        };
-        runtime.block_on(async move {
-            match TcpListener::from_std(listener) {
-                Ok(listener) => serve(listener, plane, resolver, config, shutdown).await,
-                Err(err) => tracing::error!("latency-lane listener: {err}"),
-            }
-        });
-    })
-}
-
 /// The node's steering: the BPF side, and the connections each worker
 /// socket took.
 pub(super) struct NodeSteering {

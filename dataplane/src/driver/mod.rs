@@ -289,6 +289,19 @@ impl Queue {
         }
     }
 
+    /// A file descriptor that polls readable when completions are ready,
+    /// for a core that waits for them in its event loop beside its
+    /// sockets; `None` where the backend has none (the core then calls
+    /// [`Queue::wait`]: a spin for SPDK, nothing for memory).
+    pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self {
+            Self::Uring(q) => Some(q.completion_fd()),
+            Self::Mem(_) | Self::Faulty(_) => None,
+            #[cfg(any(feature = "spdk", test))]
+            Self::Spdk(_) => None,
+        }
+    }
+
     pub fn in_flight(&self) -> u32 {
         match self {
             Self::Uring(q) => q.in_flight(),

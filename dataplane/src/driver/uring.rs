@@ -282,6 +282,13 @@ impl UringQueue {
         reaped
     }
 
+    /// The ring's own fd: it polls readable while its completion queue
+    /// holds entries.
+    pub(super) fn completion_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.ring.as_raw_fd()
+    }
+
     pub(super) fn wait(&mut self) -> io::Result<()> {
         if self.in_flight == 0 {
             return Ok(());

@@ -4,11 +4,18 @@
 //! a transport holds in [`result`].
 //!
 //! Each core is one thread that owns a queue pair per device, a DMA arena and
-//! a table of attached datasets; nothing on its path takes a lock. Transports
-//! reach it only by message (a bounded channel), and it replies per batch
-//! with a [`BatchResult`] whose bytes stay in its DMA slots until the
-//! transport drops it. Cores poll while I/O is in flight and block on their
-//! inbox when idle, so an idle node burns no CPU.
+//! a table of attached datasets; nothing on its path takes a lock. The
+//! thread runs an event loop of its own (a current-thread tokio runtime)
+//! whose first task is the core's engine: a transport places a connection
+//! on a core by spawning its tasks there ([`DataPlane::core_runtime`]), so
+//! that connection's batches are received, read and answered on one thread,
+//! every hand-off between its tasks a local wake-up rather than a
+//! cross-thread one. Others reach a core by message (a bounded channel), and
+//! it replies per batch with a [`BatchResult`] whose bytes stay in its DMA
+//! slots until the transport drops it. A core waits for its queue's
+//! completions in the same event loop as its sockets (the io_uring's fd is
+//! one of its readiness sources) and sleeps there when idle, so an idle node
+//! burns no CPU.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -164,10 +171,16 @@ struct CoreHandle {
     thread: Option<JoinHandle<()>>,
 }
 
+/// What a core thread reports once it is ready: its start-up line, its
+/// arena, slot count and lease counter, and its event loop.
+type CoreReady = (String, (DmaRegion, usize, Arc<AtomicUsize>), tokio::runtime::Handle);
+
 /// The data plane of one node.
 pub struct DataPlane {
     cores: Mutex<Vec<CoreHandle>>,
     senders: Vec<mpsc::Sender<CoreMsg>>,
+    /// Each core's event loop, where transports place connections.
+    runtimes: Vec<tokio::runtime::Handle>,
     next_core: AtomicUsize,
     next_generation: std::sync::atomic::AtomicU32,
     slots_in_use: Mutex<Vec<bool>>,
@@ -218,6 +231,7 @@ impl DataPlane {
         let mut regions = Vec::with_capacity(config.cores);
         let mut slots_total = 0;
         let mut leased_counters = Vec::with_capacity(config.cores);
+        let mut runtimes = Vec::with_capacity(config.cores);
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
             let parked = Arc::new(AtomicBool::new(false));
@@ -230,7 +244,7 @@ impl DataPlane {
                     }
                 }) as Arc<dyn Fn() + Send + Sync>
             };
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<CoreReady, StartError>>();
             let driver = Arc::clone(&driver);
             let core_config = config.clone();
             let thread = std::thread::Builder::new()
@@ -242,10 +256,14 @@ impl DataPlane {
                             let queue = driver
                                 .create_queue(&arena, core_config.queue_depth)
                                 .map_err(|source| StartError::Driver { core, source })?;
-                            Ok((arena, queue))
+                            let runtime = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .map_err(StartError::Thread)?;
+                            Ok((arena, queue, runtime))
                         });
                     match setup {
-                        Ok((arena, queue)) => {
+                        Ok((arena, queue, runtime)) => {
                             let line = format!(
                                 "{} driver, {} cores, {} ({} MiB DMA per core{})",
                                 driver.kind(),
@@ -259,8 +277,11 @@ impl DataPlane {
                             let pool = SlotPool::new(Arc::new(arena), wake);
                             let region = (region, slots, pool.leased_counter());
                             let engine = CoreEngine::new(core, queue, pool, rx, parked, &core_config);
-                            let _ = ready_tx.send(Ok((line, region)));
-                            engine.run();
+                            let _ = ready_tx.send(Ok((line, region, runtime.handle().clone())));
+                            runtime.block_on(engine.run());
+                            // Connections still placed here end with their
+                            // tasks; nothing waits on a blocking pool.
+                            runtime.shutdown_background();
                         }
                         Err(err) => {
                             let _ = ready_tx.send(Err(err));
@@ -271,7 +292,8 @@ impl DataPlane {
             let line =
                 ready_rx.recv().unwrap_or_else(|_| Err(StartError::Thread(std::io::Error::other("core thread died"))));
             let line = match line {
-                Ok((line, (region, slots, leased))) => {
+                Ok((line, (region, slots, leased), runtime)) => {
+                    runtimes.push(runtime);
                     regions.push(region);
                     slots_total += slots;
                     leased_counters.push(leased);
@@ -295,6 +317,7 @@ impl DataPlane {
         Ok(Self {
             cores: Mutex::new(cores),
             senders,
+            runtimes,
             next_core: AtomicUsize::new(0),
             next_generation: std::sync::atomic::AtomicU32::new(1),
             slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
@@ -364,7 +387,27 @@ impl DataPlane {
     /// Hands a batch to the next core; waits while that core's inbox is full.
     pub async fn submit(&self, batch: ReadBatch) -> Result<(), SubmitError> {
         let core = self.next_core.fetch_add(1, Ordering::Relaxed) % self.senders.len();
-        self.senders[core].send(CoreMsg::Batch(batch)).await.map_err(|_| SubmitError::Shutdown)
+        self.submit_to(core, batch).await
+    }
+
+    /// Hands a batch to `core`: a connection placed on a core sends its
+    /// batches there, so they never leave its thread.
+    pub async fn submit_to(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
+        let inbox = self.senders.get(core).ok_or(SubmitError::Shutdown)?;
+        inbox.send(CoreMsg::Batch(batch)).await.map_err(|_| SubmitError::Shutdown)
+    }
+
+    /// How many cores serve.
+    pub fn core_count(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Core `core`'s event loop: a task spawned here runs on that core's
+    /// thread, between passes of its engine, and ends when the data plane
+    /// stops. A transport places a connection on a core this way; the
+    /// task must never block the thread.
+    pub fn core_runtime(&self, core: usize) -> &tokio::runtime::Handle {
+        &self.runtimes[core]
     }
 
     /// Submits and waits for the result.

@@ -356,7 +356,7 @@ impl<R: DatasetResolver> Connection<R> {
                 };
                 let (reply, result) = oneshot::channel();
                 let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
-                if crate::read_through::submit(&self.device.plane, batch, through.as_ref()).await.is_err() {
+                if crate::read_through::submit(&self.device.plane, None, batch, through.as_ref()).await.is_err() {
                     counters.record_failed_batch();
                     let completed =
                         Completed { batch_id, range_count, target, outcome: Err(BatchStatus::ShuttingDown) };

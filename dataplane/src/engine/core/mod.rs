@@ -1,11 +1,17 @@
 //! One core: the thread that owns a queue pair, a DMA slot pool and a
 //! table of attached datasets, and its loop (inbox, admission, push, reap,
-//! park). Nothing here takes a lock.
+//! park), run as the first task of the core's event loop. Nothing here
+//! takes a lock.
 
 mod admission;
 mod complete;
 mod inflight;
 mod poll;
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 use super::*;
 use inflight::ActiveBatch;
@@ -19,6 +25,16 @@ struct AttachedView {
     generation: u32,
     view: Arc<DatasetView>,
     block_size_bytes: u32,
+}
+
+/// The queue's completion fd as the event loop watches it. The queue owns
+/// the fd and outlives the watch (dropped at the end of [`CoreEngine::run`]).
+struct CompletionFd(RawFd);
+
+impl AsRawFd for CompletionFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 pub(super) struct CoreEngine {
@@ -88,8 +104,26 @@ impl CoreEngine {
         }
     }
 
-    pub(super) fn run(mut self) {
+    /// The core's engine, the first task of its event loop. Every pass
+    /// ends by yielding or awaiting, so the connections placed on this core
+    /// run between passes on the same thread.
+    pub(super) async fn run(mut self) {
         tracing::debug!(core = self.id, "data-plane core started");
+        let completions = self.queue.completion_fd().map(|fd| {
+            // SAFETY: the fd is the queue's own (its io_uring), open for as
+            // long as `self.queue` lives, and the watch is dropped before
+            // this function returns and so before the queue.
+            let registered = unsafe { AsyncFd::register_with_interest(CompletionFd(fd), Interest::READABLE) };
+            registered.map_err(|err| err.into_parts().1)
+        });
+        let completions = match completions {
+            None => None,
+            Some(Ok(watched)) => Some(watched),
+            Some(Err(err)) => {
+                tracing::warn!(core = self.id, "watching the queue's completions: {err}; waiting on the queue instead");
+                None
+            }
+        };
         loop {
             self.pool.reclaim();
             let handled = self.drain_inbox();
@@ -106,31 +140,62 @@ impl CoreEngine {
             }
             let now = std::time::Instant::now();
             if handled + reaped > 0 {
+                // Look again after the connections on this core had a turn.
                 self.poll.worked(now);
-            } else if self.poll.keep_polling(now) && !self.stopping {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            if self.poll.keep_polling(now) && !self.stopping {
                 // Busy a moment ago: look again rather than sleep.
-                std::thread::yield_now();
+                tokio::task::yield_now().await;
                 continue;
             }
             if in_flight {
-                if reaped == 0 {
-                    if let Err(err) = self.queue.wait() {
-                        tracing::error!(core = self.id, "waiting for completions: {err}");
+                match &completions {
+                    Some(watched) => self.await_completion_or_message(watched).await,
+                    None => {
+                        if let Err(err) = self.queue.wait() {
+                            tracing::error!(core = self.id, "waiting for completions: {err}");
+                        }
+                        tokio::task::yield_now().await;
                     }
                 }
             } else if self.units_to_push() {
                 // The queue drained with units still to push (batches with
                 // more units than the queue is deep): push them now; parking
                 // would wait for a message that may never come.
-                continue;
+                tokio::task::yield_now().await;
             } else if !self.stopping {
-                self.park();
+                self.park().await;
             }
         }
+        drop(completions);
         for (batch, _) in self.waiting.iter_mut().flat_map(|lane| lane.drain(..)) {
             let _ = batch.reply.send(Err(SubmitError::Shutdown));
         }
         tracing::debug!(core = self.id, "data-plane core stopped");
+    }
+
+    /// Sleeps in the event loop until the queue has completions or a
+    /// message arrives (handled here), whichever is first.
+    async fn await_completion_or_message(&mut self, watched: &AsyncFd<CompletionFd>) {
+        tokio::select! {
+            ready = watched.readable() => match ready {
+                // Cleared before the next reap, so a completion that lands
+                // after that reap raises readiness again.
+                Ok(mut guard) => guard.clear_ready(),
+                Err(err) => {
+                    tracing::error!(core = self.id, "waiting for completions: {err}");
+                    if let Err(err) = self.queue.wait() {
+                        tracing::error!(core = self.id, "waiting for completions: {err}");
+                    }
+                }
+            },
+            message = self.inbox.recv() => match message {
+                Some(msg) => self.handle(msg),
+                None => self.stopping = true,
+            },
+        }
     }
 
     /// Whether an admitted batch still has units or block retries that did
@@ -142,8 +207,8 @@ impl CoreEngine {
             .any(|batch| batch.units_pushed < batch.plan.units.len() || !batch.retries.is_empty())
     }
 
-    /// Blocks until a message arrives. Slot returns wake it through `Wake`.
-    fn park(&mut self) {
+    /// Sleeps until a message arrives. Slot returns wake it through `Wake`.
+    async fn park(&mut self) {
         self.parked.store(true, Ordering::SeqCst);
         // A slot returned between the last reclaim and `parked` going up
         // sent no wake; look once more before sleeping.
@@ -157,7 +222,7 @@ impl CoreEngine {
                 active = self.active.len() - self.active_free.len(),
                 "parking"
             );
-            match self.inbox.blocking_recv() {
+            match self.inbox.recv().await {
                 Some(msg) => self.handle(msg),
                 None => self.stopping = true,
             }
