@@ -33,8 +33,8 @@ pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
     fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome;
 }
 
-/// Hands `batch` to the data plane (to `core`, if the connection is placed
-/// on one), after its fill when `through` says a chunk is missing.
+/// Hands `batch` to the data plane (near `core`, if the connection is
+/// placed on one: see [`DataPlane::submit_near`]), after its fill when `through` says a chunk is missing.
 ///
 /// The fill runs as a task of its own, so the connection keeps reading
 /// (and other batches, of present chunks, are served meanwhile); the
@@ -88,7 +88,7 @@ pub async fn submit(
 
 async fn to_core(plane: &DataPlane, core: Option<usize>, batch: ReadBatch) -> Result<(), SubmitError> {
     match core {
-        Some(core) => plane.submit_to(core, batch).await,
+        Some(core) => plane.submit_near(core, batch).await,
         None => plane.submit(batch).await,
     }
 }

@@ -54,6 +54,28 @@ pub const DATASET_SLOTS_MAX: u32 = 4096;
 const INBOX_DRAIN_MAX: usize = 64;
 /// Most completions reaped per loop turn.
 const REAP_MAX: usize = 256;
+/// A connection's batches stay on its own core while that core holds
+/// fewer than this many batches (in its inbox, waiting or being read); past
+/// it they spill to the core holding the fewest, if that one holds fewer by
+/// [`SPILL_MARGIN`]. Shallow queues never leave the thread; deep ones from
+/// a single connection still use every core.
+const SPILL_AT: usize = 4;
+const SPILL_MARGIN: usize = 2;
+/// Where a batch of a connection placed on `core` goes, given the batches
+/// each core holds.
+fn spill_target(core: usize, held: &[usize]) -> usize {
+    let here = held[core];
+    if here < SPILL_AT {
+        return core;
+    }
+    let (least, least_held) = held.iter().copied().enumerate().min_by_key(|&(_, n)| n).unwrap_or((core, here));
+    if least_held + SPILL_MARGIN <= here {
+        least
+    } else {
+        core
+    }
+}
+
 /// A quarter of each core's slots is kept for the latency lane, so small
 /// reads still run while bulk responses wait on slow clients.
 const LATENCY_RESERVE_DIVISOR: usize = 4;
@@ -182,6 +204,9 @@ pub struct DataPlane {
     /// Each core's event loop, where transports place connections.
     runtimes: Vec<tokio::runtime::Handle>,
     next_core: AtomicUsize,
+    /// Per core, the batches it held (waiting or being read) at the end of
+    /// its last pass; written by the core alone.
+    held: Vec<Arc<AtomicUsize>>,
     next_generation: std::sync::atomic::AtomicU32,
     slots_in_use: Mutex<Vec<bool>>,
     config: DataPlaneConfig,
@@ -232,6 +257,7 @@ impl DataPlane {
         let mut slots_total = 0;
         let mut leased_counters = Vec::with_capacity(config.cores);
         let mut runtimes = Vec::with_capacity(config.cores);
+        let mut held: Vec<Arc<AtomicUsize>> = Vec::with_capacity(config.cores);
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
             let parked = Arc::new(AtomicBool::new(false));
@@ -247,6 +273,8 @@ impl DataPlane {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<CoreReady, StartError>>();
             let driver = Arc::clone(&driver);
             let core_config = config.clone();
+            let core_held = Arc::new(AtomicUsize::new(0));
+            held.push(Arc::clone(&core_held));
             let thread = std::thread::Builder::new()
                 .name(format!("sluice-core-{core}"))
                 .spawn(move || {
@@ -276,7 +304,7 @@ impl DataPlane {
                             let slots = arena.slot_count();
                             let pool = SlotPool::new(Arc::new(arena), wake);
                             let region = (region, slots, pool.leased_counter());
-                            let engine = CoreEngine::new(core, queue, pool, rx, parked, &core_config);
+                            let engine = CoreEngine::new(core, queue, pool, rx, parked, core_held, &core_config);
                             let _ = ready_tx.send(Ok((line, region, runtime.handle().clone())));
                             runtime.block_on(engine.run());
                             // Connections still placed here end with their
@@ -319,6 +347,7 @@ impl DataPlane {
             senders,
             runtimes,
             next_core: AtomicUsize::new(0),
+            held,
             next_generation: std::sync::atomic::AtomicU32::new(1),
             slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
             config,
@@ -395,6 +424,22 @@ impl DataPlane {
     pub async fn submit_to(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
         let inbox = self.senders.get(core).ok_or(SubmitError::Shutdown)?;
         inbox.send(CoreMsg::Batch(batch)).await.map_err(|_| SubmitError::Shutdown)
+    }
+
+    /// Hands a batch of a connection placed on `core` to that core, unless
+    /// it is loaded and another core much less so (see [`SPILL_AT`]): a
+    /// connection at a shallow queue depth stays on its thread, and one
+    /// with many batches in flight is not held to one core's CPU.
+    pub async fn submit_near(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
+        let held: Vec<usize> = (0..self.senders.len()).map(|other| self.batches_held(other)).collect();
+        self.submit_to(spill_target(core, &held), batch).await
+    }
+
+    /// Batches `core` holds: in its inbox, waiting, or being read (as of
+    /// its last pass; a hint, not a count to rely on).
+    fn batches_held(&self, core: usize) -> usize {
+        let in_inbox = self.config.inbox_depth.saturating_sub(self.senders[core].capacity());
+        in_inbox + self.held[core].load(Ordering::Relaxed)
     }
 
     /// How many cores serve.

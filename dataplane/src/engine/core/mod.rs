@@ -43,6 +43,8 @@ pub(super) struct CoreEngine {
     pool: SlotPool,
     inbox: mpsc::Receiver<CoreMsg>,
     parked: Arc<AtomicBool>,
+    /// Where this core tells submitters how many batches it holds.
+    held: Arc<AtomicUsize>,
     datasets: Vec<Option<AttachedView>>,
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
@@ -73,6 +75,7 @@ impl CoreEngine {
         pool: SlotPool,
         inbox: mpsc::Receiver<CoreMsg>,
         parked: Arc<AtomicBool>,
+        held: Arc<AtomicUsize>,
         config: &DataPlaneConfig,
     ) -> Self {
         let active_max = config.batches_in_flight_max.max(1);
@@ -83,6 +86,7 @@ impl CoreEngine {
             pool,
             inbox,
             parked,
+            held,
             datasets: vec![None; DATASET_SLOTS_MAX as usize],
             slot_batches: vec![0; DATASET_SLOTS_MAX as usize],
             detaching: Vec::new(),
@@ -134,6 +138,8 @@ impl CoreEngine {
             }
             let reaped = self.reap();
             self.finish_detaches();
+            let active = self.active.len() - self.active_free.len();
+            self.held.store(self.waiting_count() + active, Ordering::Relaxed);
             let in_flight = self.queue.in_flight() > 0;
             if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
                 break;
