@@ -355,8 +355,17 @@ pub fn reuseport_pair(addr: std::net::SocketAddr, backlog: i32) -> std::io::Resu
 /// port the first got, when `addr`'s port is 0). Without a `sk_reuseport`
 /// program the kernel spreads connections over them by a hash of the
 /// connection's addresses; only sockets of this user may join the group.
+///
+/// A port another group already listens on is refused, as a plain bind
+/// would be: without the probe a second node started on the same port by
+/// the same user would silently join the first one's group and take a
+/// share of its connections.
 pub fn reuseport_group(addr: std::net::SocketAddr, count: usize, backlog: i32) -> std::io::Result<Vec<TcpListener>> {
     assert!(count >= 1, "a listener group needs a listener");
+    if addr.port() != 0 {
+        // A socket without SO_REUSEPORT cannot bind a port a group holds.
+        drop(TcpListener::bind(addr)?);
+    }
     let first = reuseport_listener(addr, backlog)?;
     let bound = first.local_addr()?;
     let mut group = Vec::with_capacity(count);
@@ -378,4 +387,25 @@ fn reuseport_listener(addr: std::net::SocketAddr, backlog: i32) -> std::io::Resu
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr))?;
     listen(&fd, Backlog::new(backlog).unwrap_or(Backlog::MAXCONN))?;
     Ok(TcpListener::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listener of a group shares the port the first got; a second
+    /// group on a port the first holds is refused (as a plain bind is),
+    /// instead of joining it; the port is free again once the group goes.
+    #[test]
+    fn a_group_takes_one_port_and_no_second_group_joins_it() {
+        let group = reuseport_group("127.0.0.1:0".parse().expect("addr"), 3, 16).expect("group");
+        let port = group[0].local_addr().expect("addr").port();
+        assert!(group.iter().all(|l| l.local_addr().expect("addr").port() == port));
+        let taken = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let second = reuseport_group(taken, 2, 16).expect_err("a second group joined the first");
+        assert_eq!(second.kind(), std::io::ErrorKind::AddrInUse);
+        drop(group);
+        let again = reuseport_group(taken, 2, 16).expect("the port after the group closed");
+        assert_eq!(again.len(), 2);
+    }
 }
