@@ -59,6 +59,7 @@ pub fn markdown(run: &Run) -> String {
             );
         }
     }
+    md += &goals_section(run);
     md += "\n## Instructions per served 4 KiB read (callgrind, node side)\n\n";
     match &run.instructions {
         Ok(count) => {
@@ -99,6 +100,93 @@ pub fn markdown(run: &Run) -> String {
         page-cached row. The in-process row's CPU is client and node together (one process).\n\
         - Block-device peers (fio, nbd) do not run the token-window workloads: 2- and 4-byte aligned \
         windows are not block I/O.\n";
+    md
+}
+
+/// The served path's goals, each a ratio of two figures of this run.
+const NBD: &str = "nbdkit + fio nbd";
+const SLUICE_DIRECT: &str = "sluice TCP (O_DIRECT)";
+const SLUICE_CACHED: &str = "sluice TCP (page cache)";
+/// Most user-space instructions a served 4 KiB read should take.
+const INSTRUCTIONS_PER_READ_GOAL: f64 = 1200.0;
+
+/// One goal: what is compared, the ratio measured (`None` when a figure is
+/// missing from the run), the goal, and whether a higher ratio is better.
+struct Goal {
+    what: &'static str,
+    measured: Option<f64>,
+    goal: f64,
+    at_least: bool,
+}
+
+fn goals(run: &Run) -> Vec<Goal> {
+    let figure = |workload: Workload, system: &str| {
+        run.measurements
+            .iter()
+            .find(|m| m.workload == workload.name() && m.system == system)
+            .map(|m| if m.iops > 0.0 { m.iops } else { m.gb_per_s })
+            .filter(|v| *v > 0.0)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+    let qd1 = Workload::Random4k { queue_depth: 1 };
+    let qd32 = Workload::Random4k { queue_depth: 32 };
+    let qd256 = Workload::Random4k { queue_depth: 256 };
+    // One fio-local read plus one nbd round trip: what a served read at
+    // queue depth 1 cannot beat.
+    let served_limit = figure(qd1, DEVICE_LIMIT).zip(figure(qd1, NBD)).map(|(fio, nbd)| 1.0 / (1.0 / fio + 1.0 / nbd));
+    vec![
+        Goal {
+            what: "4 KiB QD 1, page cache: sluice / nbdkit",
+            measured: ratio(figure(qd1, SLUICE_CACHED), figure(qd1, NBD)),
+            goal: 1.0,
+            at_least: true,
+        },
+        Goal {
+            what: "4 KiB QD 1, O_DIRECT: sluice / served limit (1 / (1/fio + 1/nbd))",
+            measured: ratio(figure(qd1, SLUICE_DIRECT), served_limit),
+            goal: 0.9,
+            at_least: true,
+        },
+        Goal {
+            what: "4 KiB QD 32 (8 x 4), O_DIRECT: sluice / fio local",
+            measured: ratio(figure(qd32, SLUICE_DIRECT), figure(qd32, DEVICE_LIMIT)),
+            goal: 0.9,
+            at_least: true,
+        },
+        Goal {
+            what: "4 KiB QD 256, O_DIRECT: sluice / fio local",
+            measured: ratio(figure(qd256, SLUICE_DIRECT), figure(qd256, DEVICE_LIMIT)),
+            goal: 0.95,
+            at_least: true,
+        },
+        Goal {
+            what: "1 MiB sequential, page cache: sluice / nbdkit",
+            measured: ratio(figure(Workload::Sequential1m, SLUICE_CACHED), figure(Workload::Sequential1m, NBD)),
+            goal: 1.0,
+            at_least: true,
+        },
+        Goal {
+            what: "user-space instructions per served 4 KiB read",
+            measured: run.instructions.as_ref().ok().map(|c| c.instructions_per_read),
+            goal: INSTRUCTIONS_PER_READ_GOAL,
+            at_least: false,
+        },
+    ]
+}
+
+fn goals_section(run: &Run) -> String {
+    let mut md = String::from("\n## The served path's goals, as ratios in this run\n\n| goal | measured | wanted | met |\n| --- | ---: | ---: | --- |\n");
+    for goal in goals(run) {
+        let wanted = if goal.at_least { format!("≥ {}", goal.goal) } else { format!("≤ {}", goal.goal) };
+        let (measured, met) = match goal.measured {
+            Some(m) => {
+                let met = if goal.at_least { m >= goal.goal } else { m <= goal.goal };
+                (if m >= 100.0 { format!("{m:.0}") } else { format!("{m:.2}") }, if met { "yes" } else { "no" })
+            }
+            None => ("n/a".to_string(), "not measured"),
+        };
+        let _ = writeln!(md, "| {} | {measured} | {wanted} | {met} |", goal.what);
+    }
     md
 }
 
@@ -178,4 +266,54 @@ fn plot(run: &Run, path: &Path, unit: &str, value: impl Fn(&Measurement) -> f64)
             .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(system: &str, workload: Workload, iops: f64) -> Measurement {
+        Measurement {
+            system: system.into(),
+            workload: workload.name(),
+            seconds: 1.0,
+            iops,
+            gb_per_s: iops * f64::from(workload.size_bytes()) / 1e9,
+            latency_us_p50: 0.0,
+            latency_us_p99: 0.0,
+            latency_us_p999: 0.0,
+            cpu_s_per_gb: None,
+            errors: 0,
+        }
+    }
+
+    /// The served limit at QD 1 is one local read plus one round trip; a
+    /// figure missing from the run leaves its goal unmeasured, never met.
+    #[test]
+    fn goals_are_ratios_of_the_same_run() {
+        let qd1 = Workload::Random4k { queue_depth: 1 };
+        let run = Run {
+            title: String::new(),
+            machine: Vec::new(),
+            versions: Vec::new(),
+            setup: Vec::new(),
+            workloads: vec![qd1],
+            measurements: vec![
+                measured(DEVICE_LIMIT, qd1, 20_000.0),
+                measured(NBD, qd1, 20_000.0),
+                measured(SLUICE_DIRECT, qd1, 9_000.0),
+                measured(SLUICE_CACHED, qd1, 25_000.0),
+            ],
+            instructions: Err("not run".into()),
+            micro: Err("not run".into()),
+        };
+        let goals = goals(&run);
+        let served = goals[1].measured.expect("served limit");
+        assert!((served - 0.9).abs() < 1e-9, "9 000 against a limit of 10 000: {served}");
+        assert_eq!(goals[0].measured, Some(1.25));
+        assert!(goals[2].measured.is_none() && goals[5].measured.is_none());
+        let md = goals_section(&run);
+        assert!(md.contains("| 0.90 | ≥ 0.9 | yes |"), "{md}");
+        assert!(md.contains("| n/a | ≤ 1200 | not measured |"), "{md}");
+    }
 }

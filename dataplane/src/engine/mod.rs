@@ -59,8 +59,8 @@ const REAP_MAX: usize = 256;
 /// it they spill to the core holding the fewest, if that one holds fewer by
 /// [`SPILL_MARGIN`]. Shallow queues never leave the thread; deep ones from
 /// a single connection still use every core.
-const SPILL_AT: usize = 4;
-const SPILL_MARGIN: usize = 2;
+const SPILL_AT: usize = 2;
+const SPILL_MARGIN: usize = 1;
 /// Where a batch of a connection placed on `core` goes, given the batches
 /// each core holds.
 fn spill_target(core: usize, held: &[usize]) -> usize {
