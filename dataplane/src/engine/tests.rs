@@ -16,6 +16,18 @@ fn blocks(data: &[u8]) -> crate::BlockCrcs {
     crcs.into()
 }
 
+/// Dataset 1: the whole of `ns`, which holds `data`, with its block
+/// checksums.
+fn whole_view(ns: Arc<dyn crate::driver::Namespace>, data: &[u8]) -> DatasetView {
+    DatasetView {
+        dataset_id: 1,
+        namespace: ns,
+        base_offset_bytes: 0,
+        length_bytes: data.len() as u64,
+        block_crcs: blocks(data),
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
@@ -63,13 +75,7 @@ fn reads_are_byte_exact_on_both_backends() {
         ns.sync().expect("sync");
         let plane =
             DataPlane::start(Arc::clone(&driver), DataPlaneConfig { poll_window, ..small_config() }).expect("start");
-        let view = DatasetView {
-            dataset_id: 1,
-            namespace: ns,
-            base_offset_bytes: 0,
-            length_bytes: data.len() as u64,
-            block_crcs: blocks(&data),
-        };
+        let view = whole_view(ns, &data);
         runtime().block_on(async {
             let slot = plane.attach(Arc::new(view)).await.expect("attach");
             for _ in 0..20 {
@@ -101,13 +107,7 @@ fn tasks_placed_on_a_core_are_served_on_its_thread() {
     ns.truncate(data.len() as u64).expect("truncate");
     let plane = Arc::new(DataPlane::start(driver, small_config()).expect("start"));
     assert_eq!(plane.core_count(), 2);
-    let view = DatasetView {
-        dataset_id: 1,
-        namespace: ns,
-        base_offset_bytes: 0,
-        length_bytes: data.len() as u64,
-        block_crcs: blocks(&data),
-    };
+    let view = whole_view(ns, &data);
     let slot = runtime().block_on(plane.attach(Arc::new(view))).expect("attach");
     let data = Arc::new(data);
     for core in 0..plane.core_count() {
@@ -171,13 +171,7 @@ fn small_reads_are_verified_per_block() {
     let flipped = CHUNK_SIZE_BYTES + 3 * VERIFY_BLOCK_BYTES + 17;
     ns.write_at(flipped, &[!data[flipped as usize]]).expect("corrupt");
     let plane = DataPlane::start(Arc::new(MemDriver), small_config()).expect("start");
-    let view = DatasetView {
-        dataset_id: 1,
-        namespace: ns,
-        base_offset_bytes: 0,
-        length_bytes: len as u64,
-        block_crcs: blocks(&data),
-    };
+    let view = whole_view(ns, &data);
     runtime().block_on(async {
         let slot = plane.attach(Arc::new(view)).await.expect("attach");
         let block = flipped / VERIFY_BLOCK_BYTES * VERIFY_BLOCK_BYTES;
