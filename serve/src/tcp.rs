@@ -157,6 +157,11 @@ impl<R: DatasetResolver> TcpServer<R> {
                             drop(source);
                             drop(slot);
                         });
+                        // The new connection's task (and every other task of
+                        // this core) runs before the next accept: a flood of
+                        // connections waits in the kernel's backlog, not as
+                        // accepted connections no task has looked at yet.
+                        tokio::task::yield_now().await;
                     }
                     Err(err) => {
                         tracing::warn!("accept: {err}");
