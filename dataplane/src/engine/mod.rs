@@ -63,12 +63,13 @@ const SPILL_AT: usize = 2;
 const SPILL_MARGIN: usize = 1;
 /// Where a batch of a connection placed on `core` goes, given the batches
 /// each core holds.
-fn spill_target(core: usize, held: &[usize]) -> usize {
-    let here = held[core];
+fn spill_target(core: usize, cores: usize, held: impl Fn(usize) -> usize) -> usize {
+    let here = held(core);
     if here < SPILL_AT {
         return core;
     }
-    let (least, least_held) = held.iter().copied().enumerate().min_by_key(|&(_, n)| n).unwrap_or((core, here));
+    let (least, least_held) =
+        (0..cores).map(|other| (other, held(other))).min_by_key(|&(_, n)| n).unwrap_or((core, here));
     if least_held + SPILL_MARGIN <= here {
         least
     } else {
@@ -431,8 +432,8 @@ impl DataPlane {
     /// connection at a shallow queue depth stays on its thread, and one
     /// with many batches in flight is not held to one core's CPU.
     pub async fn submit_near(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
-        let held: Vec<usize> = (0..self.senders.len()).map(|other| self.batches_held(other)).collect();
-        self.submit_to(spill_target(core, &held), batch).await
+        let target = spill_target(core, self.senders.len(), |other| self.batches_held(other));
+        self.submit_to(target, batch).await
     }
 
     /// Batches `core` holds: in its inbox, waiting, or being read (as of

@@ -151,12 +151,20 @@ fn tasks_placed_on_a_core_are_served_on_its_thread() {
 /// the least-held core only when its own holds clearly more.
 #[test]
 fn batches_spill_from_a_loaded_core_only() {
-    assert_eq!(spill_target(0, &[0, 0]), 0);
-    assert_eq!(spill_target(1, &[0, SPILL_AT - 1]), 1, "under the spill point: stays");
-    assert_eq!(spill_target(0, &[SPILL_AT, 0]), 1);
-    assert_eq!(spill_target(0, &[SPILL_AT, SPILL_AT - SPILL_MARGIN + 1]), 0, "the others are as busy: stays");
-    assert_eq!(spill_target(2, &[9, SPILL_AT - 1, SPILL_AT + 5, 7]), 1, "to the least held");
-    assert_eq!(spill_target(0, &[SPILL_AT]), 0, "one core: nowhere to go");
+    assert_eq!(spill_target(0, [0, 0].len(), |c| [0, 0][c]), 0);
+    assert_eq!(spill_target(1, [0, SPILL_AT - 1].len(), |c| [0, SPILL_AT - 1][c]), 1, "under the spill point: stays");
+    assert_eq!(spill_target(0, [SPILL_AT, 0].len(), |c| [SPILL_AT, 0][c]), 1);
+    assert_eq!(
+        spill_target(0, [SPILL_AT, SPILL_AT - SPILL_MARGIN + 1].len(), |c| [SPILL_AT, SPILL_AT - SPILL_MARGIN + 1][c]),
+        0,
+        "the others are as busy: stays"
+    );
+    assert_eq!(
+        spill_target(2, [9, SPILL_AT - 1, SPILL_AT + 5, 7].len(), |c| [9, SPILL_AT - 1, SPILL_AT + 5, 7][c]),
+        1,
+        "to the least held"
+    );
+    assert_eq!(spill_target(0, [SPILL_AT].len(), |c| [SPILL_AT][c]), 0, "one core: nowhere to go");
 }
 
 /// With block checksums every read is verified, however small and
