@@ -26,6 +26,7 @@ pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
 };
 pub use engine::{
-    AttachError, BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, Hold, ReadBatch, SubmitError,
+    AttachError, BatchResult, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, Hold, Placement, ReadBatch,
+    SubmitError,
 };
 pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use sluice_dataplane::{ByteRange, DataPlane, Hold, ReadBatch, SubmitError};
+use sluice_dataplane::{ByteRange, DataPlane, Hold, Placement, ReadBatch, SubmitError};
 use sluice_proto::RangeStatus;
 use tokio::sync::oneshot;
 
@@ -33,8 +33,9 @@ pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
     fn fill(&self, ranges: Vec<ByteRange>) -> FillOutcome;
 }
 
-/// Hands `batch` to the data plane (near `core`, if the connection is
-/// placed on one: see [`DataPlane::submit_near`]), after its fill when `through` says a chunk is missing.
+/// Hands `batch` to the data plane (near its connection's core, if it is
+/// placed on one: see [`DataPlane::submit_near`]), after its fill when
+/// `through` says a chunk is missing.
 ///
 /// The fill runs as a task of its own, so the connection keeps reading
 /// (and other batches, of present chunks, are served meanwhile); the
@@ -42,16 +43,17 @@ pub trait ReadThrough: std::fmt::Debug + Send + Sync + 'static {
 /// fill failed marked with why and read as nothing.
 pub async fn submit(
     plane: &Arc<DataPlane>,
-    core: Option<usize>,
+    placement: Option<&Placement>,
     batch: ReadBatch,
     through: Option<&Arc<dyn ReadThrough>>,
 ) -> Result<(), SubmitError> {
-    let Some(through) = through else { return to_core(plane, core, batch).await };
+    let Some(through) = through else { return to_core(plane, placement, batch).await };
     if let Some(lease) = through.admit(&batch.ranges) {
-        return to_core(plane, core, ReadBatch { hold: Some(lease), ..batch }).await;
+        return to_core(plane, placement, ReadBatch { hold: Some(lease), ..batch }).await;
     }
     let fill = through.fill(batch.ranges.clone());
     let plane = Arc::clone(plane);
+    let placement = placement.cloned();
     tokio::spawn(async move {
         let ReadBatch { dataset, client_id, flow, mut ranges, reply, hold: _ } = batch;
         let (statuses, hold) = fill.await;
@@ -64,7 +66,8 @@ pub async fn submit(
         }
         let (inner, result) = oneshot::channel();
         if let Err(err) =
-            to_core(&plane, core, ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold }).await
+            to_core(&plane, placement.as_ref(), ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold })
+                .await
         {
             let _ = reply.send(Err(err));
             return;
@@ -86,9 +89,9 @@ pub async fn submit(
     Ok(())
 }
 
-async fn to_core(plane: &DataPlane, core: Option<usize>, batch: ReadBatch) -> Result<(), SubmitError> {
-    match core {
-        Some(core) => plane.submit_near(core, batch).await,
+async fn to_core(plane: &DataPlane, placement: Option<&Placement>, batch: ReadBatch) -> Result<(), SubmitError> {
+    match placement {
+        Some(placement) => plane.submit_near(placement, batch).await,
         None => plane.submit(batch).await,
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::steer::peer_key;
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, ReadBatch, SubmitError};
+use sluice_dataplane::{BatchResult, ByteRange, DataPlane, Placement, ReadBatch, SubmitError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -79,9 +79,13 @@ fn refuse(mut stream: TcpStream, message: String) {
 }
 
 /// One data port's connections: the limits they share (connections in
-/// all, per source address) whichever core serves them.
+/// all, per source address) whichever core serves them, and the cores they
+/// are served on.
 pub struct TcpServer<R> {
     plane: Arc<DataPlane>,
+    /// The cores this server's listeners are served on; a connection's
+    /// batches spill only among them.
+    cores: std::ops::Range<usize>,
     resolver: Arc<R>,
     config: ServerConfig,
     slots: Arc<Semaphore>,
@@ -90,8 +94,24 @@ pub struct TcpServer<R> {
 }
 
 impl<R: DatasetResolver> TcpServer<R> {
-    pub fn new(plane: Arc<DataPlane>, resolver: Arc<R>, config: ServerConfig) -> Arc<Self> {
+    /// A server whose listeners will be served on `cores` (see
+    /// [`TcpServer::serve_on_core`]).
+    ///
+    /// # Panics
+    /// If `cores` is empty or names a core `plane` does not have.
+    pub fn new(
+        plane: Arc<DataPlane>,
+        cores: std::ops::Range<usize>,
+        resolver: Arc<R>,
+        config: ServerConfig,
+    ) -> Arc<Self> {
+        assert!(
+            !cores.is_empty() && cores.end <= plane.core_count(),
+            "cores {cores:?} of a plane with {}",
+            plane.core_count()
+        );
         Arc::new(Self {
+            cores,
             slots: Arc::new(Semaphore::new(config.connections_max.max(1))),
             sources: SourceCounts::default(),
             next_client_id: std::sync::atomic::AtomicU32::new(0),
@@ -103,12 +123,16 @@ impl<R: DatasetResolver> TcpServer<R> {
 
     /// Serves `listener` on core `core`'s event loop (see
     /// [`DataPlane::core_runtime`]) until `shutdown` turns true.
+    ///
+    /// # Panics
+    /// If `core` is not one of this server's cores.
     pub fn serve_on_core(
         self: &Arc<Self>,
         listener: std::net::TcpListener,
         core: usize,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
+        assert!(self.cores.contains(&core), "core {core} is not one of this server's {:?}", self.cores);
         let server = Arc::clone(self);
         self.plane.core_runtime(core).spawn(async move {
             let listener = listener.set_nonblocking(true).and_then(|()| TcpListener::from_std(listener));
@@ -150,7 +174,7 @@ impl<R: DatasetResolver> TcpServer<R> {
                             resolver: Arc::clone(&self.resolver),
                             config: config.clone(),
                             peer,
-                            core,
+                            placement: Placement { core, spill_to: self.cores.clone() },
                         };
                         tokio::spawn(async move {
                             connection.run(stream).await;
@@ -206,8 +230,8 @@ struct Connection<R> {
     config: ServerConfig,
     peer: SocketAddr,
     /// The core whose event loop serves this connection and reads its
-    /// batches.
-    core: usize,
+    /// batches, and where they may spill.
+    placement: Placement,
 }
 
 impl<R: DatasetResolver> Connection<R> {
@@ -369,7 +393,7 @@ impl<R: DatasetResolver> Connection<R> {
                         .collect();
                     let (reply, result) = oneshot::channel();
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
-                    let submitted = read_through::submit(&self.plane, Some(self.core), batch, through.as_ref());
+                    let submitted = read_through::submit(&self.plane, Some(&self.placement), batch, through.as_ref());
                     let outgoing = match self.unless_revoked(session, &mut revocations, submitted).await? {
                         Ok(()) => {
                             let tally = Tally { counters, submitted: std::time::Instant::now() };

@@ -308,7 +308,7 @@ impl Node {
                 connections_max: latency_connections_max,
                 ..server_config.clone()
             };
-            let latency = TcpServer::new(Arc::clone(&plane), Arc::clone(&resolver), config);
+            let latency = TcpServer::new(Arc::clone(&plane), 0..1, Arc::clone(&resolver), config);
             tasks.push(latency.serve_on_core(listener, 0, shutdown_rx.clone()));
             if cores > 1 {
                 // The latency lane has a core of its own.
@@ -326,7 +326,7 @@ impl Node {
         if let Some(listener) = rdma_listener {
             tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), shutdown_rx.clone()));
         }
-        let data_server = TcpServer::new(Arc::clone(&plane), resolver, server_config);
+        let data_server = TcpServer::new(Arc::clone(&plane), bulk_cores.clone(), resolver, server_config);
         for (listener, core) in listeners_for_cores(data_listeners, bulk_cores).map_err(bind_error)? {
             tasks.push(data_server.serve_on_core(listener, core, shutdown_rx.clone()));
         }

@@ -61,20 +61,31 @@ const REAP_MAX: usize = 256;
 /// a single connection still use every core.
 const SPILL_AT: usize = 2;
 const SPILL_MARGIN: usize = 1;
-/// Where a batch of a connection placed on `core` goes, given the batches
-/// each core holds.
-fn spill_target(core: usize, cores: usize, held: impl Fn(usize) -> usize) -> usize {
+/// Where a batch of a connection placed as `placement` goes, given the
+/// batches each core holds.
+fn spill_target(placement: &Placement, held: impl Fn(usize) -> usize) -> usize {
+    let core = placement.core;
     let here = held(core);
     if here < SPILL_AT {
         return core;
     }
     let (least, least_held) =
-        (0..cores).map(|other| (other, held(other))).min_by_key(|&(_, n)| n).unwrap_or((core, here));
+        (placement.spill_to.clone()).map(|other| (other, held(other))).min_by_key(|&(_, n)| n).unwrap_or((core, here));
     if least_held + SPILL_MARGIN <= here {
         least
     } else {
         core
     }
+}
+
+/// Where a connection lives: the core whose event loop serves it, and the
+/// cores its batches may spill to when that one is loaded (the cores of the
+/// connection's listener group: a bulk connection never spills onto the
+/// latency lane's core).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub core: usize,
+    pub spill_to: std::ops::Range<usize>,
 }
 
 /// A quarter of each core's slots is kept for the latency lane, so small
@@ -107,10 +118,10 @@ pub struct DataPlaneConfig {
     /// block checksums.
     pub verify_chunks: bool,
     /// How long a core that did work keeps polling its inbox and queue
-    /// before it sleeps (see `core::poll`); zero parks at once. Off by
-    /// default: polling pays only where a core has a CPU to itself, and
-    /// where the node's other threads share the core's CPU it takes their
-    /// time (see `NodeConfig::poll_window_us`).
+    /// before it sleeps (see `core::poll`); zero parks at once. The
+    /// connections placed on the core run while it polls, so their next
+    /// requests are read without a wake-up (measured in
+    /// `NodeConfig::poll_window_us`).
     pub poll_window: std::time::Duration,
 }
 
@@ -126,7 +137,7 @@ impl Default for DataPlaneConfig {
             latency_batch_bytes_max: 512 * 1024,
             inbox_depth: 1024,
             verify_chunks: true,
-            poll_window: std::time::Duration::ZERO,
+            poll_window: std::time::Duration::from_micros(100),
         }
     }
 }
@@ -422,17 +433,30 @@ impl DataPlane {
 
     /// Hands a batch to `core`: a connection placed on a core sends its
     /// batches there, so they never leave its thread.
+    ///
+    /// # Panics
+    /// If there is no core `core`: a caller's bug, not the node stopping.
     pub async fn submit_to(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
-        let inbox = self.senders.get(core).ok_or(SubmitError::Shutdown)?;
+        let cores = self.senders.len();
+        let inbox = self.senders.get(core).unwrap_or_else(|| panic!("no core {core} (the plane has {cores})"));
         inbox.send(CoreMsg::Batch(batch)).await.map_err(|_| SubmitError::Shutdown)
     }
 
-    /// Hands a batch of a connection placed on `core` to that core, unless
-    /// it is loaded and another core much less so (see [`SPILL_AT`]): a
-    /// connection at a shallow queue depth stays on its thread, and one
-    /// with many batches in flight is not held to one core's CPU.
-    pub async fn submit_near(&self, core: usize, batch: ReadBatch) -> Result<(), SubmitError> {
-        let target = spill_target(core, self.senders.len(), |other| self.batches_held(other));
+    /// Hands a batch of a connection placed as `placement` to its core,
+    /// unless that core is loaded and another of `placement.spill_to` much
+    /// less so (see [`SPILL_AT`]): a connection at a shallow queue depth
+    /// stays on its thread, and one with many batches in flight is not held
+    /// to one core's CPU.
+    ///
+    /// # Panics
+    /// If the placement names a core the plane does not have.
+    pub async fn submit_near(&self, placement: &Placement, batch: ReadBatch) -> Result<(), SubmitError> {
+        let cores = self.senders.len();
+        assert!(
+            placement.core < cores && placement.spill_to.end <= cores,
+            "{placement:?} names a core the plane (of {cores}) does not have"
+        );
+        let target = spill_target(placement, |other| self.batches_held(other));
         self.submit_to(target, batch).await
     }
 

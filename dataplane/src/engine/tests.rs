@@ -151,20 +151,26 @@ fn tasks_placed_on_a_core_are_served_on_its_thread() {
 /// the least-held core only when its own holds clearly more.
 #[test]
 fn batches_spill_from_a_loaded_core_only() {
-    assert_eq!(spill_target(0, [0, 0].len(), |c| [0, 0][c]), 0);
-    assert_eq!(spill_target(1, [0, SPILL_AT - 1].len(), |c| [0, SPILL_AT - 1][c]), 1, "under the spill point: stays");
-    assert_eq!(spill_target(0, [SPILL_AT, 0].len(), |c| [SPILL_AT, 0][c]), 1);
-    assert_eq!(
-        spill_target(0, [SPILL_AT, SPILL_AT - SPILL_MARGIN + 1].len(), |c| [SPILL_AT, SPILL_AT - SPILL_MARGIN + 1][c]),
-        0,
-        "the others are as busy: stays"
-    );
-    assert_eq!(
-        spill_target(2, [9, SPILL_AT - 1, SPILL_AT + 5, 7].len(), |c| [9, SPILL_AT - 1, SPILL_AT + 5, 7][c]),
-        1,
-        "to the least held"
-    );
-    assert_eq!(spill_target(0, [SPILL_AT].len(), |c| [SPILL_AT][c]), 0, "one core: nowhere to go");
+    // Core `core` of a node whose cores hold `held`, spilling to any core.
+    let target = |core: usize, held: &[usize]| spill_target(&Placement { core, spill_to: 0..held.len() }, |c| held[c]);
+    assert_eq!(target(0, &[0, 0]), 0);
+    assert_eq!(target(1, &[0, SPILL_AT - 1]), 1, "under the spill point: stays");
+    assert_eq!(target(0, &[SPILL_AT, 0]), 1);
+    assert_eq!(target(0, &[SPILL_AT, SPILL_AT - SPILL_MARGIN + 1]), 0, "the others are as busy: stays");
+    assert_eq!(target(2, &[9, SPILL_AT - 1, SPILL_AT + 5, 7]), 1, "to the least held");
+    assert_eq!(target(0, &[SPILL_AT]), 0, "one core: nowhere to go");
+}
+
+/// A connection of the bulk listener group (cores 1..) never spills onto
+/// the latency lane's core 0, however idle it is, and a latency-lane
+/// connection stays on its own core.
+#[test]
+fn batches_spill_only_within_their_listener_group() {
+    let held = [0, SPILL_AT + 4, SPILL_AT + 2, SPILL_AT + 3];
+    let bulk = Placement { core: 1, spill_to: 1..4 };
+    assert_eq!(spill_target(&bulk, |c| held[c]), 2, "to the least held of its group, not core 0");
+    let latency = Placement { core: 0, spill_to: 0..1 };
+    assert_eq!(spill_target(&latency, |c| [SPILL_AT + 9, 0][c]), 0, "alone in its group: stays");
 }
 
 /// With block checksums every read is verified, however small and
