@@ -344,7 +344,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     runtime.block_on(in_process.shutdown());
 
     // The local limit: fio on the very namespace file sluice serves.
-    for &w in workloads.iter().filter(|w| w.block_shaped()) {
+    for &w in workloads.iter().filter(|w| w.block_shaped() && !w.sluice_only()) {
         let target = FioTarget::File { path: &namespace, direct: true };
         record(&mut results, runners::fio(DEVICE_LIMIT, target, data_bytes, w, seconds, None), "fio")?;
     }
@@ -360,7 +360,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     )?;
     wait_port(port, Duration::from_secs(10))?;
     let uri = format!("nbd://127.0.0.1:{port}");
-    for &w in workloads.iter().filter(|w| w.block_shaped()) {
+    for &w in workloads.iter().filter(|w| w.block_shaped() && !w.sluice_only()) {
         let cpu = || nbd.cpu_seconds();
         let target = FioTarget::Nbd { uri: &uri };
         record(&mut results, runners::fio("nbdkit + fio nbd", target, data_bytes, w, seconds, Some(&cpu)), "nbd")?;
@@ -390,7 +390,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
         Command::new("nginx").arg("-c").arg(&conf).arg("-p").arg(work).arg("-e").arg(work.join("nginx.err")),
     )?;
     wait_port(port, Duration::from_secs(10))?;
-    for &w in &workloads {
+    for &w in workloads.iter().filter(|w| !w.sluice_only()) {
         let cpu = || nginx.cpu_seconds();
         let url = format!("http://127.0.0.1:{port}/{}", file_for(w));
         record(

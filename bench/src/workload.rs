@@ -7,6 +7,10 @@ use serde::Serialize;
 pub enum Workload {
     /// 4 KiB random reads, block-aligned, at this queue depth.
     Random4k { queue_depth: usize },
+    /// The same reads issued by sluice as one batch of `queue_depth` at a
+    /// time (a data loader's whole step at once) rather than four smaller
+    /// ones in flight; the peers' figures are those of [`Workload::Random4k`].
+    Random4kOneBatch { queue_depth: usize },
     /// 1024-token windows at random token offsets (unaligned to blocks),
     /// `token_bytes` 2 (u16) or 4 (u32), batches of 64.
     Windows { token_bytes: u32 },
@@ -14,9 +18,10 @@ pub enum Workload {
     Sequential1m,
 }
 
-pub const ALL: [Workload; 6] = [
+pub const ALL: [Workload; 7] = [
     Workload::Random4k { queue_depth: 1 },
     Workload::Random4k { queue_depth: 32 },
+    Workload::Random4kOneBatch { queue_depth: 32 },
     Workload::Random4k { queue_depth: 256 },
     Workload::Windows { token_bytes: 2 },
     Workload::Windows { token_bytes: 4 },
@@ -30,6 +35,7 @@ impl Workload {
     pub fn name(self) -> String {
         match self {
             Self::Random4k { queue_depth } => format!("4k-random-qd{queue_depth}"),
+            Self::Random4kOneBatch { queue_depth } => format!("4k-random-qd{queue_depth}-1x{queue_depth}"),
             Self::Windows { token_bytes } => format!("windows-1024-u{}", token_bytes * 8),
             Self::Sequential1m => "1m-sequential".into(),
         }
@@ -38,6 +44,11 @@ impl Workload {
     pub fn describe(self) -> String {
         match self {
             Self::Random4k { queue_depth } => format!("4 KiB random reads, queue depth {queue_depth}"),
+            Self::Random4kOneBatch { queue_depth } => format!(
+                "4 KiB random reads, queue depth {queue_depth} as one batch of {queue_depth} at a time \
+                 (sluice only; the peers' figures are those of {})",
+                Self::Random4k { queue_depth }.name()
+            ),
             Self::Windows { token_bytes } => format!(
                 "{WINDOW_TOKENS}-token u{} windows at random token offsets, batches of {WINDOW_BATCH}, 4 in flight",
                 token_bytes * 8
@@ -48,7 +59,7 @@ impl Workload {
 
     pub fn size_bytes(self) -> u32 {
         match self {
-            Self::Random4k { .. } => 4096,
+            Self::Random4k { .. } | Self::Random4kOneBatch { .. } => 4096,
             Self::Windows { token_bytes } => WINDOW_TOKENS * token_bytes,
             Self::Sequential1m => 1 << 20,
         }
@@ -56,7 +67,7 @@ impl Workload {
 
     pub fn align_bytes(self) -> u64 {
         match self {
-            Self::Random4k { .. } => 4096,
+            Self::Random4k { .. } | Self::Random4kOneBatch { .. } => 4096,
             Self::Windows { token_bytes } => u64::from(token_bytes),
             Self::Sequential1m => 1 << 20,
         }
@@ -73,6 +84,7 @@ impl Workload {
         match self {
             Self::Random4k { queue_depth: 1 } => (1, 1),
             Self::Random4k { queue_depth } => (queue_depth.div_ceil(4), 4),
+            Self::Random4kOneBatch { queue_depth } => (queue_depth, 1),
             Self::Windows { .. } => (WINDOW_BATCH, 4),
             Self::Sequential1m => (4, 4),
         }
@@ -86,6 +98,21 @@ impl Workload {
     /// 2- or 4-byte offsets are not block I/O.
     pub fn block_shaped(self) -> bool {
         !matches!(self, Self::Windows { .. })
+    }
+
+    /// Whether only sluice runs it: it differs from another workload only
+    /// in how sluice's client groups the reads into batches.
+    pub fn sluice_only(self) -> bool {
+        matches!(self, Self::Random4kOneBatch { .. })
+    }
+
+    /// The workload whose peer figures this one is compared with: itself,
+    /// or for a sluice-only shape the same reads as the peers issue them.
+    pub fn peer_equivalent(self) -> Self {
+        match self {
+            Self::Random4kOneBatch { queue_depth } => Self::Random4k { queue_depth },
+            other => other,
+        }
     }
 }
 

@@ -72,7 +72,7 @@ struct Args {
     #[arg(long, value_name = "BYTES")]
     latency_lane_max_bytes: Option<u64>,
     /// Microseconds a data-plane core that just did work polls before it
-    /// sleeps; 0 sleeps at once.
+    /// sleeps (default 100); 0 sleeps at once.
     #[arg(long, value_name = "MICROSECONDS")]
     poll_window_us: Option<u64>,
     /// No access control (local development only): the control API checks
