@@ -8,6 +8,11 @@
 #              sk_reuseport program puts the small reader's connection on
 #              the latency-lane workers (a 1 s warm-up lets the policy see
 #              the peer before the measured connection opens)
+#   alone      --ebpf, the small reader alone and then the bulk readers
+#              alone: what the ebpf row is held against
+# The last lines are the steering goals as ratios of the medians over the
+# rounds: the small reader's p99 beside bulk over its p99 alone (goal
+# <= 1.5), and bulk GB/s beside the small reader over bulk alone (>= 0.95).
 # The small reader leaves from 127.0.0.2 and the bulk readers from
 # 127.0.0.3 (SLUICE_SOURCE_ADDR), so the node can tell the peers apart.
 # IO_MODE=buffered (default: page cache, CPU-bound) or direct (O_DIRECT).
@@ -34,14 +39,19 @@ run() { # name, node flags...
     local name=$1
     shift
     start_node "$@"
-    if [ "$name" = ebpf ]; then
+    if [ "$name" = ebpf ] || [ "$name" = alone ]; then
         "$BIN/sluicectl" --json policy show | grep -q '"available":true' || { echo "steering did not start (root?)" >&2; exit 1; }
         small 1 >/dev/null
         bulk 1 >/dev/null
     fi
-    for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
-    sleep 0.5
-    small "$SECONDS_EACH" >"$WORK/small.json"
+    if [ "$name" = alone ]; then
+        small "$SECONDS_EACH" >"$WORK/small.json"
+        for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+    else
+        for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+        sleep 0.5
+        small "$SECONDS_EACH" >"$WORK/small.json"
+    fi
     wait $(jobs -p | grep -v "^$NODE_PID\$") 2>/dev/null || true
     local workers=""
     if [ "$name" = ebpf ]; then
@@ -50,9 +60,27 @@ run() { # name, node flags...
     stop_node
     local gbs=0
     for i in $(seq "$BULK_CLIENTS"); do gbs=$(python3 -c "print($gbs + $(field gb_per_s <"$WORK/bulk.$i.json"))"); done
+    local p99
+    p99=$(field batch_latency_us_p99 <"$WORK/small.json")
     printf '| %d | %s | %s | %s | %s | %.0f | %.2f | %s |\n' "$round" "$name" \
-        "$(field batch_latency_us_p50 <"$WORK/small.json")" "$(field batch_latency_us_p99 <"$WORK/small.json")" \
+        "$(field batch_latency_us_p50 <"$WORK/small.json")" "$p99" \
         "$(field batch_latency_us_p999 <"$WORK/small.json")" "$(field iops <"$WORK/small.json")" "$gbs" "${workers:--}"
+    echo "$name $p99 $gbs" >>"$WORK/figures"
+}
+
+# The steering goals from the ebpf and alone rows' medians.
+goals() {
+    python3 - "$WORK/figures" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+def median(name, column):
+    return statistics.median(float(r[column]) for r in rows if r[0] == name)
+p99 = median("ebpf", 1) / median("alone", 1)
+bulk = median("ebpf", 2) / median("alone", 2)
+print()
+print(f"small-read p99 beside bulk / alone (ebpf, medians): {p99:.2f} (goal <= 1.5: {'met' if p99 <= 1.5 else 'not met'})")
+print(f"bulk GB/s beside small reads / alone (ebpf, medians): {bulk:.2f} (goal >= 0.95: {'met' if bulk >= 0.95 else 'not met'})")
+PY
 }
 
 sealed_dataset steer 256
@@ -63,4 +91,6 @@ for round in $(seq "$ROUNDS"); do
     run one-lane --latency-lane-max-bytes 0
     run threshold
     run ebpf --ebpf
+    run alone --ebpf
 done
+goals
