@@ -324,7 +324,11 @@ impl Node {
             None => server_config,
         };
         if let Some(listener) = rdma_listener {
-            tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), shutdown_rx.clone()));
+            // RDMA connections carry small and bulk batches alike: they are
+            // placed on the bulk cores, leaving `--ebpf`'s latency core to
+            // the latency lane's TCP connections.
+            let cores = bulk_cores.clone();
+            tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), cores, shutdown_rx.clone()));
         }
         let data_server = TcpServer::new(Arc::clone(&plane), bulk_cores.clone(), resolver, server_config);
         for (listener, core) in listeners_for_cores(data_listeners, bulk_cores).map_err(bind_error)? {

@@ -23,15 +23,17 @@ pub(super) fn bind_rdma(addr: SocketAddr, _plane: &Arc<DataPlane>) -> Result<Rdm
     Err(NodeError::Rdma { addr, message: "this build has no RDMA support (build with `--features rdma`)".into() })
 }
 
+/// Accepts RDMA connections, each placed on one of `cores` in turn.
 #[cfg(feature = "rdma")]
 pub(super) fn serve_rdma(
     listener: RdmaListener,
     resolver: Arc<Resolver>,
     config: ServerConfig,
+    cores: std::ops::Range<usize>,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(err) = listener.serve(resolver, config, shutdown).await {
+        if let Err(err) = listener.serve(resolver, config, cores, shutdown).await {
             tracing::error!("RDMA transport stopped: {err}");
         }
     })
@@ -42,6 +44,7 @@ pub(super) fn serve_rdma(
     listener: RdmaListener,
     _resolver: Arc<Resolver>,
     _config: ServerConfig,
+    _cores: std::ops::Range<usize>,
     _shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     match listener {}

@@ -68,6 +68,9 @@ pub(super) struct Connection<R> {
     resolver: Arc<R>,
     config: ServerConfig,
     client_id: u32,
+    /// The core whose event loop runs this connection (and polls its
+    /// completion queue), where its batches go unless that core is loaded.
+    placement: Placement,
     session: Session,
     /// Held until the first dataset opens: the place in the small pool of
     /// connections that have not authenticated.
@@ -89,6 +92,7 @@ impl<R: DatasetResolver> Connection<R> {
         resolver: Arc<R>,
         config: ServerConfig,
         client_id: u32,
+        placement: Placement,
     ) -> Result<Self, VerbsError> {
         let credits = config.credits.clamp(1, RDMA_CREDITS_MAX);
         let messages = credits + CONTROL_MESSAGES_MAX;
@@ -147,6 +151,7 @@ impl<R: DatasetResolver> Connection<R> {
             resolver,
             config,
             client_id,
+            placement,
             session,
             pre_auth: None,
             scratch: Vec::with_capacity(RESPONSE_SLOT_BYTES),
@@ -356,7 +361,9 @@ impl<R: DatasetResolver> Connection<R> {
                 };
                 let (reply, result) = oneshot::channel();
                 let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
-                if crate::read_through::submit(&self.device.plane, None, batch, through.as_ref()).await.is_err() {
+                let submitted =
+                    crate::read_through::submit(&self.device.plane, Some(&self.placement), batch, through.as_ref());
+                if submitted.await.is_err() {
                     counters.record_failed_batch();
                     let completed =
                         Completed { batch_id, range_count, target, outcome: Err(BatchStatus::ShuttingDown) };
