@@ -33,6 +33,9 @@ small() { # seconds
 bulk() { # seconds
     SLUICE_SOURCE_ADDR=127.0.0.3 "$BIN/sluicectl" bench read steer --size 1048576 --batch 4 --inflight 4 --seconds "$1" --json
 }
+bulk_clients() { # BULK_CLIENTS bulk readers in the background, SECONDS_EACH
+    for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+}
 field() { sed "s/.*\"$1\":\([0-9.]*\).*/\1/"; }
 
 run() { # name, node flags...
@@ -46,9 +49,9 @@ run() { # name, node flags...
     fi
     if [ "$name" = alone ]; then
         small "$SECONDS_EACH" >"$WORK/small.json"
-        for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+        bulk_clients
     else
-        for i in $(seq "$BULK_CLIENTS"); do bulk "$SECONDS_EACH" >"$WORK/bulk.$i.json" & done
+        bulk_clients
         sleep 0.5
         small "$SECONDS_EACH" >"$WORK/small.json"
     fi

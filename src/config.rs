@@ -10,18 +10,6 @@ use serde::Deserialize;
 pub const DEFAULT_CONTROL_ADDR: &str = "127.0.0.1:7070";
 /// Default data-plane (TCP transport) address.
 pub const DEFAULT_DATA_ADDR: &str = "127.0.0.1:7071";
-/// How long a data-plane core polls after its last work before sleeping.
-/// Since a connection lives on its core, polling runs the connection's
-/// tasks too, so a queue-depth-1 client's next request is read without a
-/// wake-up. Measured on a 2-vCPU VM with the client on the same host
-/// (`sluicectl bench read`, 64 MiB, alternating runs): 0 → 100 µs took
-/// 1 × 1 page-cache reads from 10–13 k to 22–24 k IOPS, 1 × 1 O_DIRECT from
-/// 6.0 k to 8.0–8.7 k, 32 × 1 page cache from 171–185 k to 228–281 k; 8 × 4
-/// O_DIRECT and 64 × 4 stayed within the noise. 30 µs missed most of the
-/// gain (the client's turnaround is longer than that) and 200 µs gave no
-/// more. Before connections lived on cores, polling took the CPU their
-/// tasks needed and lost.
-pub const POLL_WINDOW_US_DEFAULT: u64 = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -112,7 +100,8 @@ pub struct NodeConfig {
     /// (its queue, its inbox and its connections' sockets) before it
     /// sleeps, so a queue-depth-1 client's next batch finds it awake
     /// instead of paying a wake-up; an idle core still sleeps. 0 sleeps at
-    /// once. Default [`POLL_WINDOW_US_DEFAULT`].
+    /// once. Default [`sluice_dataplane::POLL_WINDOW_US_DEFAULT`] (where
+    /// the choice is measured).
     pub poll_window_us: u64,
     /// Source-backed datasets: how long one request to an object store,
     /// body included, may take before it is cut off and retried (a stalled
@@ -239,7 +228,7 @@ impl Default for NodeConfig {
             ebpf: false,
             ebpf_kernel_trace: true,
             latency_lane_max_bytes: 512 * 1024,
-            poll_window_us: POLL_WINDOW_US_DEFAULT,
+            poll_window_us: sluice_dataplane::POLL_WINDOW_US_DEFAULT,
             source_timeout_ms: 30_000,
             source_retries: 4,
             source_fetches_max: 16,

@@ -103,7 +103,7 @@ impl Workload {
     /// Whether only sluice runs it: it differs from another workload only
     /// in how sluice's client groups the reads into batches.
     pub fn sluice_only(self) -> bool {
-        matches!(self, Self::Random4kOneBatch { .. })
+        self.peer_equivalent() != self
     }
 
     /// The workload whose peer figures this one is compared with: itself,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::steer::peer_key;
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, Placement, ReadBatch, SubmitError};
+use sluice_dataplane::{BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, SubmitError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -85,7 +85,7 @@ pub struct TcpServer<R> {
     plane: Arc<DataPlane>,
     /// The cores this server's listeners are served on; a connection's
     /// batches spill only among them.
-    cores: std::ops::Range<usize>,
+    group: CoreGroup,
     resolver: Arc<R>,
     config: ServerConfig,
     slots: Arc<Semaphore>,
@@ -94,24 +94,11 @@ pub struct TcpServer<R> {
 }
 
 impl<R: DatasetResolver> TcpServer<R> {
-    /// A server whose listeners will be served on `cores` (see
-    /// [`TcpServer::serve_on_core`]).
-    ///
-    /// # Panics
-    /// If `cores` is empty or names a core `plane` does not have.
-    pub fn new(
-        plane: Arc<DataPlane>,
-        cores: std::ops::Range<usize>,
-        resolver: Arc<R>,
-        config: ServerConfig,
-    ) -> Arc<Self> {
-        assert!(
-            !cores.is_empty() && cores.end <= plane.core_count(),
-            "cores {cores:?} of a plane with {}",
-            plane.core_count()
-        );
+    /// A server whose listeners will be served on the cores of `group`
+    /// (see [`TcpServer::serve_on_core`]).
+    pub fn new(plane: Arc<DataPlane>, group: CoreGroup, resolver: Arc<R>, config: ServerConfig) -> Arc<Self> {
         Arc::new(Self {
-            cores,
+            group,
             slots: Arc::new(Semaphore::new(config.connections_max.max(1))),
             sources: SourceCounts::default(),
             next_client_id: std::sync::atomic::AtomicU32::new(0),
@@ -125,27 +112,27 @@ impl<R: DatasetResolver> TcpServer<R> {
     /// [`DataPlane::core_runtime`]) until `shutdown` turns true.
     ///
     /// # Panics
-    /// If `core` is not one of this server's cores.
+    /// If `core` is not one of this server's group.
     pub fn serve_on_core(
         self: &Arc<Self>,
         listener: std::net::TcpListener,
         core: usize,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
-        assert!(self.cores.contains(&core), "core {core} is not one of this server's {:?}", self.cores);
+        let placement = self.group.place(core);
         let server = Arc::clone(self);
         self.plane.core_runtime(core).spawn(async move {
             let listener = listener.set_nonblocking(true).and_then(|()| TcpListener::from_std(listener));
             match listener {
-                Ok(listener) => server.serve(listener, core, shutdown).await,
+                Ok(listener) => server.serve(listener, placement, shutdown).await,
                 Err(err) => tracing::error!(core, "data-port listener: {err}"),
             }
         })
     }
 
-    /// Accepts connections until `shutdown` turns true, on core `core`'s
-    /// event loop; each is served there.
-    async fn serve(self: Arc<Self>, listener: TcpListener, core: usize, mut shutdown: watch::Receiver<bool>) {
+    /// Accepts connections until `shutdown` turns true, on the event loop
+    /// of `placement`'s core; each is served there.
+    async fn serve(self: Arc<Self>, listener: TcpListener, placement: Placement, mut shutdown: watch::Receiver<bool>) {
         let config = &self.config;
         loop {
             tokio::select! {
@@ -174,7 +161,7 @@ impl<R: DatasetResolver> TcpServer<R> {
                             resolver: Arc::clone(&self.resolver),
                             config: config.clone(),
                             peer,
-                            placement: Placement { core, spill_to: self.cores.clone() },
+                            placement: placement.clone(),
                         };
                         tokio::spawn(async move {
                             connection.run(stream).await;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_control::{api, CatalogChoice, ControlPlane, Resolver};
 use sluice_dataplane::driver::{FaultPlan, FaultyDriver, MemDriver, UringDriver};
-use sluice_dataplane::{BlockDriver, DataPlane, DataPlaneConfig, IoMode};
+use sluice_dataplane::{BlockDriver, CoreGroup, DataPlane, DataPlaneConfig, IoMode};
 use sluice_serve::tcp::TcpServer;
 use sluice_serve::ServerConfig;
 use tokio::net::TcpListener;
@@ -308,7 +308,7 @@ impl Node {
                 connections_max: latency_connections_max,
                 ..server_config.clone()
             };
-            let latency = TcpServer::new(Arc::clone(&plane), 0..1, Arc::clone(&resolver), config);
+            let latency = TcpServer::new(Arc::clone(&plane), plane.core_group(0..1), Arc::clone(&resolver), config);
             tasks.push(latency.serve_on_core(listener, 0, shutdown_rx.clone()));
             if cores > 1 {
                 // The latency lane has a core of its own.
@@ -327,10 +327,11 @@ impl Node {
             // RDMA connections carry small and bulk batches alike: they are
             // placed on the bulk cores, leaving `--ebpf`'s latency core to
             // the latency lane's TCP connections.
-            let cores = bulk_cores.clone();
-            tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), cores, shutdown_rx.clone()));
+            let group = plane.core_group(bulk_cores.clone());
+            tasks.push(serve_rdma(listener, Arc::clone(&resolver), server_config.clone(), group, shutdown_rx.clone()));
         }
-        let data_server = TcpServer::new(Arc::clone(&plane), bulk_cores.clone(), resolver, server_config);
+        let data_server =
+            TcpServer::new(Arc::clone(&plane), plane.core_group(bulk_cores.clone()), resolver, server_config);
         for (listener, core) in listeners_for_cores(data_listeners, bulk_cores).map_err(bind_error)? {
             tasks.push(data_server.serve_on_core(listener, core, shutdown_rx.clone()));
         }

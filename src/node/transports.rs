@@ -23,17 +23,17 @@ pub(super) fn bind_rdma(addr: SocketAddr, _plane: &Arc<DataPlane>) -> Result<Rdm
     Err(NodeError::Rdma { addr, message: "this build has no RDMA support (build with `--features rdma`)".into() })
 }
 
-/// Accepts RDMA connections, each placed on one of `cores` in turn.
+/// Accepts RDMA connections, each placed on the cores of `group` in turn.
 #[cfg(feature = "rdma")]
 pub(super) fn serve_rdma(
     listener: RdmaListener,
     resolver: Arc<Resolver>,
     config: ServerConfig,
-    cores: std::ops::Range<usize>,
+    group: CoreGroup,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(err) = listener.serve(resolver, config, cores, shutdown).await {
+        if let Err(err) = listener.serve(resolver, config, group, shutdown).await {
             tracing::error!("RDMA transport stopped: {err}");
         }
     })
@@ -44,7 +44,7 @@ pub(super) fn serve_rdma(
     listener: RdmaListener,
     _resolver: Arc<Resolver>,
     _config: ServerConfig,
-    _cores: std::ops::Range<usize>,
+    _group: CoreGroup,
     _shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     match listener {}

@@ -335,3 +335,14 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
     let small_at = pushed.iter().position(|o| *o == small_offset).expect("small read pushed");
     assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
 }
+
+/// A group places connections in turn on its own cores only, and a core
+/// outside it is refused.
+#[test]
+fn a_core_group_places_in_turn_on_its_cores() {
+    let group = CoreGroup(1..4);
+    let turns: Vec<usize> = (0..5).map(|n| group.nth_wrapping(n)).collect();
+    assert_eq!(turns, [1, 2, 3, 1, 2]);
+    assert_eq!(group.place(2), Placement { core: 2, spill_to: 1..4 });
+    assert!(std::panic::catch_unwind(|| group.place(0)).is_err(), "core 0 is not in the group");
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, DataPlane, Placement, ReadBatch};
+use sluice_dataplane::{BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch};
 use sluice_proto::RangeStatus;
 use tokio::sync::{oneshot, watch, Semaphore};
 
@@ -118,24 +118,15 @@ impl RdmaListener {
     }
 
     /// Accepts connections until `shutdown` turns true, placing each on
-    /// one of `cores` in turn (see [`DataPlane::core_runtime`]).
-    ///
-    /// # Panics
-    /// If `cores` is empty or names a core the data plane does not have.
+    /// the cores of `group` in turn (see [`DataPlane::core_runtime`]).
     pub async fn serve<R: DatasetResolver>(
         self,
         resolver: Arc<R>,
         config: ServerConfig,
-        cores: std::ops::Range<usize>,
+        group: CoreGroup,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), VerbsError> {
-        let plane = &self.device.plane;
-        assert!(
-            !cores.is_empty() && cores.end <= plane.core_count(),
-            "cores {cores:?} of a plane with {}",
-            plane.core_count()
-        );
-        let mut next_core = cores.start;
+        let mut accepted = 0usize;
         let events = readiness(Arc::clone(&self.channel), "registering the rdma_cm channel")?;
         let slots = Arc::new(Semaphore::new(config.connections_max.max(1)));
         // Connections that have not yet opened a dataset hold a queue pair
@@ -169,14 +160,14 @@ impl RdmaListener {
                             continue;
                         };
                         next_client_id = next_client_id.wrapping_add(1) | (1 << 31);
-                        let core = next_core;
-                        next_core = if core + 1 < cores.end { core + 1 } else { cores.start };
-                        let placement = Placement { core, spill_to: cores.clone() };
+                        let placement = group.place(group.nth_wrapping(accepted));
+                        accepted = accepted.wrapping_add(1);
+                        let runtime = self.device.plane.core_runtime(placement.core());
                         let session = Connection::setup(id, Arc::clone(&self.device), Arc::clone(&resolver), config.clone(), next_client_id, placement)
                             .map(|session| session.before_authentication(pre_auth));
                         // Its completion channel is registered with the
                         // core's reactor when it starts there.
-                        plane.core_runtime(core).spawn(async move {
+                        runtime.spawn(async move {
                             match session {
                                 Ok(session) => session.run().await,
                                 Err(err) => tracing::warn!("setting up an RDMA connection: {err}"),
