@@ -1,6 +1,7 @@
 //! Bad input gets a clear error, to the client that sent it only, and loses
 //! nothing: unknown datasets, out-of-range reads, malformed and oversized
-//! frames, clients that vanish mid-batch, truncated and mistyped `.npy`.
+//! frames, clients that vanish mid-batch, truncated and mistyped `.npy`, a
+//! dataset whose namespace file is gone.
 
 mod common;
 
@@ -88,6 +89,40 @@ fn unknown_dataset_is_refused_clearly() {
     let out = node.ctl(&["read", "no-such-dataset", "--offset", "0", "--len", "1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no dataset named"));
+}
+
+/// A sealed dataset whose namespace file was lost (a disk replaced, a file
+/// removed by hand) is refused with the reason at open; the node does not
+/// make an empty file in its place, which would answer every read with a
+/// checksum mismatch and hide what happened. The other datasets serve on.
+#[test]
+fn a_lost_namespace_file_is_refused_at_open_not_recreated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node, data) = node_with_dataset(dir.path(), 100_000);
+    let other = random_file(&dir.path().join("other.bin"), 50_000, 12);
+    sealed_dataset(&node, "other", &[&dir.path().join("other.bin")]);
+    let namespace_of = |name: &str| -> std::path::PathBuf {
+        let shown: serde_json::Value =
+            serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "stat", name])).expect("dataset JSON");
+        shown["namespace"]["path"].as_str().expect("namespace path").into()
+    };
+    let (lost, kept) = (namespace_of("data"), namespace_of("other"));
+    assert!(lost.is_file() && kept.is_file(), "{} {}", lost.display(), kept.display());
+    assert_serves(&Client::connect(&node.endpoint).expect("connect").open("data").expect("open"), &data);
+    assert!(node.stop().success());
+
+    std::fs::remove_file(&lost).expect("remove the namespace file");
+    let node = NodeProcess::start(&dir.path().join("node"));
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let err = client.open("data").err().expect("a dataset without its file does not open");
+    assert!(err.to_string().contains("No such file"), "{err}");
+    assert!(!lost.exists(), "opening a lost namespace made an empty file in its place");
+
+    let dataset = client.open("other").expect("the other dataset opens");
+    let mut buf = vec![0u8; 4096];
+    let statuses = dataset.read_batch(&[ReadRange { offset: 1000, len: 4096, dest: 0 }], &mut buf).expect("read");
+    assert_eq!(statuses, [RangeStatus::Ok]);
+    assert!(buf == other[1000..1000 + 4096]);
 }
 
 /// Ranges past the end fail alone; the rest of the batch is served.

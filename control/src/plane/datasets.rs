@@ -157,7 +157,7 @@ impl ControlPlane {
             record.placement = placement;
             self.catalog.update(&record, None)?;
         }
-        self.namespace(&record)?;
+        self.allocated_namespace(&record)?;
         Ok(record)
     }
 

@@ -18,7 +18,7 @@ impl ControlPlane {
                 DatasetState::Ingesting | DatasetState::Creating if record.namespace.kind == NamespaceKind::File => {
                     // Bytes past the committed length belong to an ingest
                     // that never finished.
-                    let ns = self.namespace(record)?;
+                    let ns = self.allocated_namespace(record)?;
                     ns.truncate(record.namespace.base_offset_bytes + record.length_bytes)
                         .map_err(|e| self.ns_error(record, e))?;
                 }

@@ -376,7 +376,7 @@ impl ControlPlane {
             record.namespace = self.allocate_namespace(record.id, Some(record.length_bytes));
             cluster.put_replica(&record, false)?;
         }
-        let ns = self.namespace(&record)?;
+        let ns = self.allocated_namespace(&record)?;
         let crcs = self.catalog.chunk_crcs(record.id)?;
         Ok(ReplicaTarget {
             control: self,

@@ -4,14 +4,31 @@
 use super::*;
 
 impl ControlPlane {
+    /// The dataset's namespace, which must exist: a file namespace whose
+    /// file is gone is an error (the dataset's bytes are lost), never an
+    /// empty file that would fail every read as a checksum mismatch.
     pub(in crate::plane) fn namespace(&self, record: &DatasetRecord) -> Result<Arc<dyn Namespace>, ControlError> {
+        self.open_namespace(record, false)
+    }
+
+    /// The same for a namespace being allocated (a dataset just created,
+    /// a copy begun, a create or ingest a crash interrupted): a file
+    /// namespace's file is made if missing.
+    pub(in crate::plane) fn allocated_namespace(
+        &self,
+        record: &DatasetRecord,
+    ) -> Result<Arc<dyn Namespace>, ControlError> {
+        self.open_namespace(record, true)
+    }
+
+    fn open_namespace(&self, record: &DatasetRecord, create: bool) -> Result<Arc<dyn Namespace>, ControlError> {
         let mut namespaces = self.storage.opened.lock().map_err(|_| self.ns_error(record, "lock poisoned"))?;
         if let Some(ns) = namespaces.get(&record.id) {
             return Ok(Arc::clone(ns));
         }
         self.check_owned(record.id, &record.namespace)?;
         let spec = match &record.namespace.kind {
-            NamespaceKind::File => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create: true },
+            NamespaceKind::File => NamespaceSpec::File { path: PathBuf::from(&record.namespace.path), create },
             NamespaceKind::Device => self.device_spec(&record.namespace).map_err(|e| self.ns_error(record, e))?,
             NamespaceKind::Nvme => {
                 let (controller, nsid) = nvme_pool::parse_nvme_path(&record.namespace.path)
