@@ -23,8 +23,8 @@ use rand::RngCore;
 use sluice::{Node, NodeConfig};
 
 use crate::procs::{cpu_seconds_of, free_port, output, wait_port, Server};
-use crate::report::{Run, DEVICE_LIMIT};
-use crate::runners::FioTarget;
+use crate::report::{Run, BATCHED_LIMIT, DEVICE_LIMIT};
+use crate::runners::{FioQueue, FioTarget};
 use crate::workload::{Measurement, Workload};
 
 #[derive(Parser, Debug)]
@@ -346,7 +346,14 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     // The local limit: fio on the very namespace file sluice serves.
     for &w in workloads.iter().filter(|w| w.block_shaped() && !w.sluice_only()) {
         let target = FioTarget::File { path: &namespace, direct: true };
-        record(&mut results, runners::fio(DEVICE_LIMIT, target, data_bytes, w, seconds, None), "fio")?;
+        record(&mut results, runners::fio(DEVICE_LIMIT, target, data_bytes, w, seconds, None, FioQueue::Free), "fio")?;
+    }
+    // The same reads issued locally as sluice's client issues them: whole
+    // batches, each waited for whole.
+    for &w in workloads.iter().filter(|w| w.batched_random()) {
+        let target = FioTarget::File { path: &namespace, direct: true };
+        let m = runners::fio(BATCHED_LIMIT, target, data_bytes, w, seconds, None, FioQueue::SluiceBatches);
+        record(&mut results, m, "fio (sluice's batches)")?;
     }
 
     // A network block peer: nbdkit serving the file, fio's nbd engine.
@@ -363,7 +370,8 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     for &w in workloads.iter().filter(|w| w.block_shaped() && !w.sluice_only()) {
         let cpu = || nbd.cpu_seconds();
         let target = FioTarget::Nbd { uri: &uri };
-        record(&mut results, runners::fio("nbdkit + fio nbd", target, data_bytes, w, seconds, Some(&cpu)), "nbd")?;
+        let m = runners::fio("nbdkit + fio nbd", target, data_bytes, w, seconds, Some(&cpu), FioQueue::Free);
+        record(&mut results, m, "nbd")?;
     }
     drop(nbd);
 

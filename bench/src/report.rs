@@ -24,6 +24,9 @@ pub struct Run {
 
 /// The system whose figure is the local limit of a block workload.
 pub const DEVICE_LIMIT: &str = "fio io_uring (local, O_DIRECT)";
+/// The local limit of the same reads issued in sluice's batches, each
+/// submitted whole and waited for whole.
+pub const BATCHED_LIMIT: &str = "fio io_uring (local, O_DIRECT, sluice's batches)";
 
 pub fn markdown(run: &Run) -> String {
     let mut md = format!("# {}\n\n", run.title);
@@ -62,6 +65,7 @@ pub fn markdown(run: &Run) -> String {
         }
     }
     md += &goals_section(run);
+    md += &same_batches_section(run);
     md += "\n## Instructions per served 4 KiB read (callgrind, node side)\n\n";
     match &run.instructions {
         Ok(count) => {
@@ -102,8 +106,11 @@ pub fn markdown(run: &Run) -> String {
         page-cached row. The in-process row's CPU is client and node together (one process).\n\
         - Block-device peers (fio, nbd) do not run the token-window workloads: 2- and 4-byte aligned \
         windows are not block I/O.\n\
-        - A workload named `…-1xN` is sluice alone issuing the reads of the one before it as one batch of N; \
-        its \"of local limit\" is against that workload's fio figure.\n";
+        - A workload named `…-1xN` is the reads of the one before it issued as one batch of N (by sluice, and by \
+        fio issuing sluice's batches); its \"of local limit\" is against that workload's free-running fio figure.\n\
+        - \"fio … sluice's batches\" issues the same reads locally as sluice's client does: one job per batch in \
+        flight, each submitting its batch whole and waiting for all of it. It is the local limit of a client that \
+        waits for whole batches, which the free-running fio row is not: there, each completed read is replaced at once.\n";
     md
 }
 
@@ -197,6 +204,31 @@ fn goals_section(run: &Run) -> String {
             None => ("n/a".to_string(), "not measured"),
         };
         let _ = writeln!(md, "| {} | {measured} | {wanted} | {met} |", goal.what);
+    }
+    md
+}
+
+/// The batched workloads against fio issuing the same batches locally:
+/// what the network and the node cost, apart from what waiting for whole
+/// batches costs any client (the second column).
+fn same_batches_section(run: &Run) -> String {
+    let iops = |workload: Workload, system: &str| {
+        (run.measurements.iter())
+            .find(|m| m.workload == workload.name() && m.system == system)
+            .map(|m| m.iops)
+            .filter(|v| *v > 0.0)
+    };
+    let shown = |ratio: Option<f64>| ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "n/a".into());
+    let mut md = String::from(
+        "\n## Against the same batches issued locally\n\n\
+         | workload | sluice TCP (O_DIRECT) / fio, sluice's batches | fio, sluice's batches / fio free-running |\n\
+         | --- | ---: | ---: |\n",
+    );
+    for &workload in run.workloads.iter().filter(|w| w.batched_random()) {
+        let batched = iops(workload, BATCHED_LIMIT);
+        let sluice = iops(workload, SLUICE_DIRECT).zip(batched).map(|(s, b)| s / b);
+        let batching = batched.zip(iops(workload.peer_equivalent(), DEVICE_LIMIT)).map(|(b, f)| b / f);
+        let _ = writeln!(md, "| {} | {} | {} |", workload.name(), shown(sluice), shown(batching));
     }
     md
 }
@@ -330,5 +362,32 @@ mod tests {
         let md = goals_section(&run);
         assert!(md.contains("| 0.90 | ≥ 0.9 | yes |"), "{md}");
         assert!(md.contains("| n/a | ≤ 1200 | not measured |"), "{md}");
+    }
+
+    /// Each batched workload is compared with fio issuing the same batches,
+    /// and those with fio's free-running figure for the same reads.
+    #[test]
+    fn batched_workloads_are_compared_with_the_same_batches() {
+        let qd32 = Workload::Random4k { queue_depth: 32 };
+        let one_batch = Workload::Random4kOneBatch { queue_depth: 32 };
+        let run = Run {
+            title: String::new(),
+            machine: Vec::new(),
+            versions: Vec::new(),
+            setup: Vec::new(),
+            workloads: vec![Workload::Random4k { queue_depth: 1 }, qd32, one_batch],
+            measurements: vec![
+                measured(DEVICE_LIMIT, qd32, 100_000.0),
+                measured(BATCHED_LIMIT, qd32, 80_000.0),
+                measured(SLUICE_DIRECT, qd32, 60_000.0),
+                measured(BATCHED_LIMIT, one_batch, 50_000.0),
+            ],
+            instructions: Err("not run".into()),
+            micro: Err("not run".into()),
+        };
+        let md = same_batches_section(&run);
+        assert!(md.contains("| 4k-random-qd32 | 0.75 | 0.80 |"), "{md}");
+        assert!(md.contains("| 4k-random-qd32-1x32 | n/a | 0.50 |"), "{md}");
+        assert!(!md.contains("| 4k-random-qd1 |"), "queue depth 1 is not batched: {md}");
     }
 }

@@ -63,8 +63,23 @@ pub enum FioTarget<'a> {
     Nbd { uri: &'a str },
 }
 
-/// fio at the workload's queue depth. With `server_cpu`, CPU is the
-/// server's; without, fio's own (local reads have no server).
+/// How fio keeps the workload's reads in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FioQueue {
+    /// One job at the workload's queue depth: each read that completes is
+    /// replaced at once, so the device always has the whole depth.
+    Free,
+    /// As sluice's client issues the workload: one job per batch in flight,
+    /// each submitting a whole batch and waiting for all of it before the
+    /// next (`iodepth_batch_submit` = `iodepth_batch_complete_min` = the
+    /// batch). The device's queue drains while a batch waits for its
+    /// slowest read, as it does under any client that waits for batches.
+    SluiceBatches,
+}
+
+/// fio at the workload's queue depth, kept as `queue` says. With
+/// `server_cpu`, CPU is the server's; without, fio's own (local reads have
+/// no server).
 pub fn fio(
     system: &str,
     target: FioTarget<'_>,
@@ -72,9 +87,24 @@ pub fn fio(
     workload: Workload,
     seconds: f64,
     server_cpu: Option<&dyn Fn() -> f64>,
+    queue: FioQueue,
 ) -> Result<Measurement, String> {
     let mut command = Command::new("fio");
-    command.args(["--name=peer", "--numjobs=1", "--time_based", "--output-format=json", "--invalidate=0"]);
+    command.args(["--name=peer", "--time_based", "--output-format=json", "--invalidate=0", "--group_reporting"]);
+    match queue {
+        FioQueue::Free => {
+            command.args(["--numjobs=1".to_string(), format!("--iodepth={}", workload.queue_depth())]);
+        }
+        FioQueue::SluiceBatches => {
+            let (batch, in_flight) = workload.sluice_shape();
+            command.args([
+                format!("--numjobs={in_flight}"),
+                format!("--iodepth={batch}"),
+                format!("--iodepth_batch_submit={batch}"),
+                format!("--iodepth_batch_complete_min={batch}"),
+            ]);
+        }
+    }
     match target {
         FioTarget::File { path, direct } => {
             command.arg(format!("--filename={}", path.display()));
@@ -87,7 +117,6 @@ pub fn fio(
     command.args([
         format!("--rw={}", if workload.sequential() { "read" } else { "randread" }),
         format!("--bs={}", workload.size_bytes()),
-        format!("--iodepth={}", workload.queue_depth()),
         format!("--size={size_bytes}"),
         format!("--runtime={}", seconds.ceil().max(1.0) as u64),
     ]);

@@ -46,7 +46,7 @@ impl Workload {
             Self::Random4k { queue_depth } => format!("4 KiB random reads, queue depth {queue_depth}"),
             Self::Random4kOneBatch { queue_depth } => format!(
                 "4 KiB random reads, queue depth {queue_depth} as one batch of {queue_depth} at a time \
-                 (sluice only; the peers' figures are those of {})",
+                 (sluice, and fio issuing the same batches; the other peers' figures are those of {})",
                 Self::Random4k { queue_depth }.name()
             ),
             Self::Windows { token_bytes } => format!(
@@ -90,6 +90,12 @@ impl Workload {
         }
     }
 
+    /// Whether sluice's client issues it as batches of more than one read
+    /// from a random block workload, so fio can issue the same batches.
+    pub fn batched_random(self) -> bool {
+        matches!(self, Self::Random4k { .. } | Self::Random4kOneBatch { .. }) && self.sluice_shape().0 > 1
+    }
+
     pub fn sequential(self) -> bool {
         self == Self::Sequential1m
     }
@@ -100,8 +106,9 @@ impl Workload {
         !matches!(self, Self::Windows { .. })
     }
 
-    /// Whether only sluice runs it: it differs from another workload only
-    /// in how sluice's client groups the reads into batches.
+    /// Whether only sluice (and fio issuing sluice's batches) runs it: it
+    /// differs from another workload only in how the reads are grouped
+    /// into batches, which the other peers cannot express.
     pub fn sluice_only(self) -> bool {
         self.peer_equivalent() != self
     }
