@@ -48,6 +48,8 @@ pub struct Piece {
 }
 
 /// The block I/O for one batch and how to cut the ranges back out of it.
+/// Planned again with [`plan_batch_into`], a plan keeps its vectors'
+/// capacity, so a core that recycles its plans allocates none per batch.
 #[derive(Debug, Default)]
 pub struct BatchPlan {
     pub statuses: Vec<RangeStatus>,
@@ -56,6 +58,9 @@ pub struct BatchPlan {
     /// Per range, in request order: `(first piece, piece count)`.
     pub range_pieces: Vec<(u32, u32)>,
     pub slots_needed: u32,
+    /// Planning's scratch, kept for the next batch: the ranges with bytes
+    /// to read as `(I/O start, I/O end, start, end, index)`.
+    live: Vec<(u64, u64, u64, u64, u32)>,
 }
 
 impl BatchPlan {
@@ -63,24 +68,44 @@ impl BatchPlan {
         let (first, count) = self.range_pieces[range_index];
         &self.pieces[first as usize..(first + count) as usize]
     }
+
+    /// Bytes the plan's vectors hold allocated, whatever their length.
+    pub fn capacity_bytes(&self) -> usize {
+        self.statuses.capacity() * size_of::<RangeStatus>()
+            + self.units.capacity() * size_of::<IoUnit>()
+            + self.pieces.capacity() * size_of::<Piece>()
+            + self.range_pieces.capacity() * size_of::<(u32, u32)>()
+            + self.live.capacity() * size_of::<(u64, u64, u64, u64, u32)>()
+    }
 }
 
 /// Plans `ranges` against `geometry`.
 pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
+    let mut plan = BatchPlan::default();
+    plan_batch_into(ranges, geometry, &mut plan);
+    plan
+}
+
+/// Plans `ranges` against `geometry` into `plan`, replacing what it held
+/// and reusing its vectors.
+pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut BatchPlan) {
     let block = u64::from(geometry.block_size_bytes);
     let unit_max = u64::from(geometry.unit_bytes_max);
     assert!(block.is_power_of_two() && block <= IO_ALIGN_BYTES as u64, "block size {block}");
     assert!(unit_max.is_multiple_of(IO_ALIGN_BYTES as u64) && unit_max >= block, "unit size {unit_max}");
     assert!(geometry.base_offset_bytes.is_multiple_of(block), "dataset base not block-aligned");
 
-    let mut plan = BatchPlan {
-        statuses: vec![RangeStatus::Ok; ranges.len()],
-        range_pieces: vec![(0, 0); ranges.len()],
-        ..BatchPlan::default()
-    };
+    plan.statuses.clear();
+    plan.statuses.resize(ranges.len(), RangeStatus::Ok);
+    plan.range_pieces.clear();
+    plan.range_pieces.resize(ranges.len(), (0, 0));
+    plan.units.clear();
+    plan.pieces.clear();
     // Ranges with bytes to read: (I/O start, I/O end, start, end, index),
     // absolute; the I/O span is the range widened to granules if asked.
-    let mut live: Vec<(u64, u64, u64, u64, u32)> = Vec::with_capacity(ranges.len());
+    let mut live = std::mem::take(&mut plan.live);
+    live.clear();
+    live.reserve(ranges.len());
     for (index, range) in ranges.iter().enumerate() {
         let end = range.offset_bytes.checked_add(u64::from(range.len_bytes));
         match end {
@@ -142,7 +167,7 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
         cursor = last;
     }
     plan.slots_needed = packer.slots_used();
-    plan
+    plan.live = live;
 }
 
 /// Bump allocation of units into fixed-size slots.
@@ -285,6 +310,29 @@ mod tests {
             check_plan(&data, &ranges, geometry(len as u64, 1 << block_shift));
             let widened = PlanGeometry { widen_to_bytes: 65_536, ..geometry(len as u64, 1 << block_shift) };
             check_plan(&data, &ranges, widened);
+        }
+
+        /// A plan planned again over what an earlier batch left in it is the
+        /// plan a fresh one makes: nothing of the earlier batch remains.
+        #[test]
+        fn a_reused_plan_is_a_fresh_plan(
+            len in 1usize..600_000,
+            batches in proptest::collection::vec(
+                proptest::collection::vec((any::<u64>(), 0u32..300_000), 0..40), 1..5),
+        ) {
+            let geometry = PlanGeometry { widen_to_bytes: 4096, ..geometry(len as u64, 512) };
+            let mut reused = BatchPlan::default();
+            for raw in &batches {
+                let ranges: Vec<ByteRange> =
+                    raw.iter().map(|&(o, l)| range(o % (len as u64 + 100), l.min(len as u32))).collect();
+                plan_batch_into(&ranges, geometry, &mut reused);
+                let fresh = plan_batch(&ranges, geometry);
+                prop_assert_eq!(&reused.statuses, &fresh.statuses);
+                prop_assert_eq!(&reused.units, &fresh.units);
+                prop_assert_eq!(&reused.pieces, &fresh.pieces);
+                prop_assert_eq!(&reused.range_pieces, &fresh.range_pieces);
+                prop_assert_eq!(reused.slots_needed, fresh.slots_needed);
+            }
         }
 
         /// A batch within the client's footprint budget fits twice its

@@ -433,7 +433,9 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
 ) {
     let timeout = drain.write_timeout;
     let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
+    // Kept from one response to the next, so a response allocates none.
     let mut head = Vec::with_capacity(256);
+    let mut statuses: Vec<u8> = Vec::new();
     let mut open = true;
     while open || !pending.is_empty() {
         let written = tokio::select! {
@@ -459,11 +461,13 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                 let result = match outcome {
                     Ok(batch) => {
                         let payload_bytes = batch.payload_bytes();
-                        let statuses: Vec<u8> = batch.statuses().iter().map(|s| *s as u8).collect();
+                        statuses.clear();
+                        statuses.extend(batch.statuses().iter().map(|s| *s as u8));
                         wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, payload_bytes);
-                        let mut slices = Vec::with_capacity(1 + batch.statuses().len());
+                        // Borrows this response's head and slots: one vector a response.
+                        let mut slices = Vec::with_capacity(1 + statuses.len());
                         slices.push(IoSlice::new(&head));
-                        slices.extend(batch.io_slices());
+                        batch.push_io_slices(&mut slices);
                         let within = drain.within(head.len() as u64 + payload_bytes);
                         tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await
                     }

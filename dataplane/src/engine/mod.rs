@@ -29,7 +29,7 @@ use crate::blocks::VERIFY_BLOCK_BYTES;
 use crate::dataset::{ByteRange, DatasetView};
 use crate::dma::{Arena, SlotLease, SlotPool};
 use crate::driver::{BlockDriver, Completion, DriverError, Queue, ReadIo};
-use crate::plan::{plan_batch, BatchPlan, PlanGeometry};
+use crate::plan::{plan_batch_into, BatchPlan, PlanGeometry};
 use crate::probe::{
     monotonic_ns, size_bucket, sluice_probe_batch_complete, sluice_probe_batch_submit, sluice_probe_lane_select,
     BatchProbe, LANE_BY_POLICY, LANE_BY_THRESHOLD,

@@ -1,7 +1,43 @@
 //! What a batch gives back: its statuses and bytes, which stay in the
-//! core's DMA slots until the transport drops it.
+//! core's DMA slots until the transport drops it. Its plan then goes to
+//! the dropping thread's spare plans, where the next batch a core admits
+//! on that thread takes it: connections live on their core, so a core
+//! plans into the same few plans over and over and allocates none.
+
+use std::cell::RefCell;
 
 use super::*;
+
+/// Most spare plans one thread keeps: a core's batches in flight (64 by
+/// default) and as many again.
+const SPARE_PLANS_MAX: usize = 128;
+/// A plan grown past this (a batch of thousands of ranges) is freed, not
+/// kept, so spare plans hold at most `SPARE_PLANS_MAX` × this per thread.
+const SPARE_PLAN_BYTES_MAX: usize = 64 * 1024;
+
+thread_local! {
+    static SPARE_PLANS: RefCell<Vec<BatchPlan>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A plan to plan the next batch into: a spare one of this thread's, or a
+/// new one.
+pub(super) fn spare_plan() -> BatchPlan {
+    SPARE_PLANS.try_with(|spares| spares.borrow_mut().pop()).ok().flatten().unwrap_or_default()
+}
+
+/// Keeps `plan` for a later batch on this thread, within the bounds.
+pub(super) fn keep_spare_plan(plan: BatchPlan) {
+    if plan.capacity_bytes() > SPARE_PLAN_BYTES_MAX {
+        return;
+    }
+    // A thread being torn down has no spares left to keep it in.
+    let _ = SPARE_PLANS.try_with(|spares| {
+        let mut spares = spares.borrow_mut();
+        if spares.len() < SPARE_PLANS_MAX {
+            spares.push(plan);
+        }
+    });
+}
 
 /// The outcome of a batch. Its bytes live in the core's DMA slots until it
 /// is dropped.
@@ -11,6 +47,12 @@ pub struct BatchResult {
     pub(super) lane: Lane,
     /// Dropped with the result, after its bytes were sent.
     pub(super) _hold: Option<Hold>,
+}
+
+impl Drop for BatchResult {
+    fn drop(&mut self) {
+        keep_spare_plan(std::mem::take(&mut self.plan));
+    }
 }
 
 impl BatchResult {
@@ -47,15 +89,15 @@ impl BatchResult {
         pieces.iter().map(|piece| self.piece_bytes(piece))
     }
 
-    /// The bytes of every `Ok` range in order, for one vectored send.
-    pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
-        let mut slices = Vec::with_capacity(self.plan.pieces.len());
+    /// Appends the bytes of every `Ok` range in order to `slices`, for one
+    /// vectored send after what `slices` holds (the response's head).
+    pub fn push_io_slices<'a>(&'a self, slices: &mut Vec<IoSlice<'a>>) {
+        slices.reserve(self.plan.pieces.len());
         for (index, status) in self.plan.statuses.iter().enumerate() {
             if *status == RangeStatus::Ok {
                 slices.extend(self.plan.pieces_of(index).iter().map(|p| IoSlice::new(self.piece_bytes(p))));
             }
         }
-        slices
     }
 
     fn piece_bytes(&self, piece: &crate::plan::Piece) -> &[u8] {

@@ -83,7 +83,8 @@ impl CoreEngine {
                 length_bytes: view.length_bytes,
                 widen_to_bytes: self.widen_for(&view),
             };
-            let plan = plan_batch(&batch.ranges, geometry);
+            let mut plan = result::spare_plan();
+            plan_batch_into(&batch.ranges, geometry, &mut plan);
             // What this lane may ever use: a bulk batch never takes the
             // latency lane's reserve, so one that needs it is too large
             // (the transports' limits keep batches well under it).
@@ -93,16 +94,28 @@ impl CoreEngine {
                     let slots_needed = plan.slots_needed;
                     let _ = batch.reply.send(Err(SubmitError::TooLarge { slots_needed, capacity }));
                 }
+                result::keep_spare_plan(plan);
                 continue;
             }
-            if self.pool.free_count() < plan.slots_needed as usize + reserve {
+            let lease = if self.pool.free_count() < plan.slots_needed as usize + reserve {
+                None
+            } else {
+                self.pool.take(plan.slots_needed as usize)
+            };
+            let Some(lease) = lease else {
+                // Planned again once slots come back.
+                result::keep_spare_plan(plan);
                 return;
-            }
-            let Some(lease) = self.pool.take(plan.slots_needed as usize) else { return };
+            };
             let Some((batch, mut probe)) = self.waiting[lane].pop_front() else { return };
             self.active_free.pop();
             self.slot_batches[batch.dataset.index as usize] += 1;
             let units = plan.units.len();
+            let (mut unit_failed, mut retries_left) = self.spare_unit_state.pop().unwrap_or_default();
+            unit_failed.clear();
+            unit_failed.resize(units, false);
+            retries_left.clear();
+            retries_left.resize(units, 0);
             let block_size_bytes = geometry.block_size_bytes;
             probe.submit_ns = monotonic_ns(self.clock);
             sluice_probe_batch_submit(&probe);
@@ -113,9 +126,9 @@ impl CoreEngine {
                 lease,
                 units_pushed: 0,
                 units_done: 0,
-                unit_failed: vec![false; units],
+                unit_failed,
                 retries: VecDeque::new(),
-                retries_left: vec![0; units],
+                retries_left,
                 bad_ranges: Vec::new(),
                 block_size_bytes,
                 probe,

@@ -47,6 +47,8 @@ impl CoreEngine {
                 }
             }
         }
+        // The active table bounds these to one pair a batch slot.
+        self.spare_unit_state.push((std::mem::take(&mut batch.unit_failed), std::mem::take(&mut batch.retries_left)));
         batch.probe.complete_ns = monotonic_ns(self.clock);
         batch.probe.failed_ranges = plan.statuses.iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
         sluice_probe_batch_complete(&batch.probe);

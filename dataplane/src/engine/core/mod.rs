@@ -58,6 +58,9 @@ pub(super) struct CoreEngine {
     decisions: Option<Arc<dyn LaneDecisions>>,
     active: Vec<Option<ActiveBatch>>,
     active_free: Vec<usize>,
+    /// Per-unit state vectors (failed, retries left) of finished batches,
+    /// kept for the next: at most one pair per active batch slot.
+    spare_unit_state: Vec<(Vec<bool>, Vec<u32>)>,
     completions: Vec<Completion>,
     batches_waiting_max: usize,
     unit_bytes_max: u32,
@@ -99,6 +102,7 @@ impl CoreEngine {
             decisions: None,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
+            spare_unit_state: Vec::with_capacity(active_max),
             completions: Vec::with_capacity(REAP_MAX),
             batches_waiting_max: config.batches_waiting_max.max(1),
             verify_chunks: config.verify_chunks,
