@@ -330,18 +330,28 @@ mod tests {
         }
     }
 
+    /// A run of these workloads and figures, with nothing else measured.
+    fn run_of(workloads: Vec<Workload>, measurements: Vec<Measurement>) -> Run {
+        Run {
+            title: String::new(),
+            machine: Vec::new(),
+            versions: Vec::new(),
+            setup: Vec::new(),
+            workloads,
+            measurements,
+            instructions: Err("not run".into()),
+            micro: Err("not run".into()),
+        }
+    }
+
     /// The served limit at QD 1 is one local read plus one round trip; a
     /// figure missing from the run leaves its goal unmeasured, never met.
     #[test]
     fn goals_are_ratios_of_the_same_run() {
         let qd1 = Workload::Random4k { queue_depth: 1 };
-        let run = Run {
-            title: String::new(),
-            machine: Vec::new(),
-            versions: Vec::new(),
-            setup: Vec::new(),
-            workloads: vec![qd1],
-            measurements: vec![
+        let run = run_of(
+            vec![qd1],
+            vec![
                 measured(DEVICE_LIMIT, qd1, 20_000.0),
                 measured(NBD, qd1, 20_000.0),
                 measured(SLUICE_DIRECT, qd1, 9_000.0),
@@ -349,9 +359,7 @@ mod tests {
                 measured(DEVICE_LIMIT, Workload::Random4k { queue_depth: 32 }, 100_000.0),
                 measured(SLUICE_DIRECT, Workload::Random4kOneBatch { queue_depth: 32 }, 95_000.0),
             ],
-            instructions: Err("not run".into()),
-            micro: Err("not run".into()),
-        };
+        );
         let goals = goals(&run);
         let served = goals[1].measured.expect("served limit");
         assert!((served - 0.9).abs() < 1e-9, "9 000 against a limit of 10 000: {served}");
@@ -370,21 +378,15 @@ mod tests {
     fn batched_workloads_are_compared_with_the_same_batches() {
         let qd32 = Workload::Random4k { queue_depth: 32 };
         let one_batch = Workload::Random4kOneBatch { queue_depth: 32 };
-        let run = Run {
-            title: String::new(),
-            machine: Vec::new(),
-            versions: Vec::new(),
-            setup: Vec::new(),
-            workloads: vec![Workload::Random4k { queue_depth: 1 }, qd32, one_batch],
-            measurements: vec![
+        let run = run_of(
+            vec![Workload::Random4k { queue_depth: 1 }, qd32, one_batch],
+            vec![
                 measured(DEVICE_LIMIT, qd32, 100_000.0),
                 measured(BATCHED_LIMIT, qd32, 80_000.0),
                 measured(SLUICE_DIRECT, qd32, 60_000.0),
                 measured(BATCHED_LIMIT, one_batch, 50_000.0),
             ],
-            instructions: Err("not run".into()),
-            micro: Err("not run".into()),
-        };
+        );
         let md = same_batches_section(&run);
         assert!(md.contains("| 4k-random-qd32 | 0.75 | 0.80 |"), "{md}");
         assert!(md.contains("| 4k-random-qd32-1x32 | n/a | 0.50 |"), "{md}");
