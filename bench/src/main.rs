@@ -120,13 +120,16 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     let count = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", &work, (small, large))?;
     println!(
-        "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}",
+        "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n\
+         {:.0} per read beside the block CRC32C; {:.2} heap allocations per batch",
         count.instructions_per_read,
         count.instructions_large,
         count.instructions_small,
         count.reads_large,
         count.reads_small,
-        Profile::OF_THIS_BUILD.caveat()
+        Profile::OF_THIS_BUILD.caveat(),
+        count.instructions_per_read_beside_crc,
+        count.allocations_per_batch,
     );
     Ok(work.join(format!("callgrind.{large}.out")))
 }

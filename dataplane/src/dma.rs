@@ -10,10 +10,12 @@
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+// Tokio's channel reuses its blocks of slots where std's frees one every
+// 31 messages: a lease's return then allocates nothing.
+use tokio::sync::mpsc;
 
 /// Alignment every slot and every I/O inside a slot respects; O_DIRECT and
 /// NVMe PRPs both accept it.
@@ -130,8 +132,11 @@ impl Drop for Arena {
 pub struct SlotPool {
     arena: Arc<Arena>,
     free: Vec<u32>,
-    returns_rx: mpsc::Receiver<Vec<u32>>,
-    returns_tx: mpsc::Sender<Vec<u32>>,
+    returns_rx: mpsc::UnboundedReceiver<Vec<u32>>,
+    returns_tx: mpsc::UnboundedSender<Vec<u32>>,
+    /// Emptied slot lists of returned leases, for the next leases: one
+    /// list a lease at most, so a pool allocates none once warm.
+    spare_lists: Vec<Vec<u32>>,
     wake: Arc<dyn Fn() + Send + Sync>,
     leased: Arc<AtomicUsize>,
 }
@@ -139,9 +144,17 @@ pub struct SlotPool {
 impl SlotPool {
     pub fn new(arena: Arc<Arena>, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         let slot_count = u32::try_from(arena.slot_count()).expect("slot count fits u32");
-        let (returns_tx, returns_rx) = mpsc::channel();
+        let (returns_tx, returns_rx) = mpsc::unbounded_channel();
         let leased = Arc::new(AtomicUsize::new(0));
-        Self { arena, free: (0..slot_count).rev().collect(), returns_rx, returns_tx, wake, leased }
+        Self {
+            arena,
+            free: (0..slot_count).rev().collect(),
+            returns_rx,
+            returns_tx,
+            spare_lists: Vec::new(),
+            wake,
+            leased,
+        }
     }
 
     /// Slots held by leases right now, readable from any thread: what
@@ -164,8 +177,13 @@ impl SlotPool {
 
     /// Takes back every slot released since the last call.
     pub fn reclaim(&mut self) {
-        while let Ok(slots) = self.returns_rx.try_recv() {
+        while let Ok(mut slots) = self.returns_rx.try_recv() {
             self.free.extend_from_slice(&slots);
+            slots.clear();
+            // Every lease holds a slot, so there are never more lists.
+            if self.spare_lists.len() < self.capacity() {
+                self.spare_lists.push(slots);
+            }
         }
         assert!(self.free.len() <= self.capacity(), "a slot was returned twice");
     }
@@ -175,7 +193,8 @@ impl SlotPool {
         if count > self.free.len() {
             return None;
         }
-        let slots = self.free.split_off(self.free.len() - count);
+        let mut slots = self.spare_lists.pop().unwrap_or_default();
+        slots.extend(self.free.drain(self.free.len() - count..));
         self.leased.fetch_add(count, Ordering::Relaxed);
         Some(SlotLease {
             leased: Arc::clone(&self.leased),
@@ -193,7 +212,7 @@ pub struct SlotLease {
     leased: Arc<AtomicUsize>,
     arena: Arc<Arena>,
     slots: Vec<u32>,
-    returns: mpsc::Sender<Vec<u32>>,
+    returns: mpsc::UnboundedSender<Vec<u32>>,
     wake: Arc<dyn Fn() + Send + Sync>,
 }
 

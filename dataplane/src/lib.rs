@@ -26,7 +26,7 @@ pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
 };
 pub use engine::{
-    AttachError, BatchResult, CoreGroup, DataPlane, DataPlaneConfig, DatasetSlot, DmaRegion, Hold, Placement,
-    ReadBatch, SubmitError, POLL_WINDOW_US_DEFAULT,
+    spare_ranges, AttachError, BatchCompletion, BatchResult, CoreGroup, DataPlane, DataPlaneConfig, DatasetSlot,
+    DmaRegion, Hold, Outcome, Placement, ReadBatch, Reply, SubmitError, POLL_WINDOW_US_DEFAULT,
 };
 pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -5,25 +5,36 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_dataplane::{BatchResult, SubmitError};
+use sluice_dataplane::{BatchResult, Outcome, SubmitError};
 use sluice_proto::{Lane, RangeStatus};
-use tokio::sync::oneshot;
 
 use sluice_proto::wire::BatchStatus;
 
-/// Waits for the data plane's answer to a batch submitted at `submitted`,
-/// counts it in `counters`, and gives what the transport sends back: the
-/// result, or the batch status a client reads for a batch that failed whole.
+/// Waits for the data plane's answer to a batch submitted at `submitted`
+/// and settles it (see [`settle_outcome`]): the RDMA transport's batches
+/// each have a one-shot reply.
+#[cfg(feature = "rdma")]
 pub(crate) async fn settle(
-    reply: oneshot::Receiver<Result<BatchResult, SubmitError>>,
+    reply: tokio::sync::oneshot::Receiver<Outcome>,
     counters: &DatasetCounters,
     submitted: Instant,
 ) -> Result<BatchResult, BatchStatus> {
-    let outcome = match reply.await {
-        Ok(Ok(batch)) => Ok(batch),
-        Ok(Err(SubmitError::UnknownDataset)) => Err(BatchStatus::DatasetGone),
-        Ok(Err(SubmitError::TooLarge { .. })) => Err(BatchStatus::TooLarge),
-        Ok(Err(SubmitError::Shutdown)) | Err(_) => Err(BatchStatus::ShuttingDown),
+    settle_outcome(reply.await.unwrap_or(Err(SubmitError::Shutdown)), counters, submitted)
+}
+
+/// Counts the data plane's answer to a batch submitted at `submitted` in
+/// `counters`, and gives what the transport sends back: the result, or the
+/// batch status a client reads for a batch that failed whole.
+pub(crate) fn settle_outcome(
+    outcome: Outcome,
+    counters: &DatasetCounters,
+    submitted: Instant,
+) -> Result<BatchResult, BatchStatus> {
+    let outcome = match outcome {
+        Ok(batch) => Ok(batch),
+        Err(SubmitError::UnknownDataset) => Err(BatchStatus::DatasetGone),
+        Err(SubmitError::TooLarge { .. }) => Err(BatchStatus::TooLarge),
+        Err(SubmitError::Shutdown) => Err(BatchStatus::ShuttingDown),
     };
     match &outcome {
         Ok(batch) => {

@@ -65,9 +65,12 @@ pub async fn submit(
             }
         }
         let (inner, result) = oneshot::channel();
-        if let Err(err) =
-            to_core(&plane, placement.as_ref(), ReadBatch { dataset, client_id, flow, ranges, reply: inner, hold })
-                .await
+        if let Err(err) = to_core(
+            &plane,
+            placement.as_ref(),
+            ReadBatch { dataset, client_id, flow, ranges, reply: inner.into(), hold },
+        )
+        .await
         {
             let _ = reply.send(Err(err));
             return;

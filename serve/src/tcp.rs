@@ -2,6 +2,11 @@
 //! of the data-plane core its listener belongs to, where one task reads its
 //! frames and hands batches to that core, and one writes responses as they
 //! complete; the core's engine runs beside them on the same thread.
+//!
+//! A batch allocates nothing once a connection is warm: its ranges go in
+//! a vector the core kept from an earlier batch ([`spare_ranges`]), its
+//! outcome comes back on the connection's completion queue under a tag
+//! (not a channel of its own), and the writer keeps its buffers.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,15 +15,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use sluice_dataplane::steer::peer_key;
-use sluice_dataplane::{BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, SubmitError};
+use sluice_dataplane::{spare_ranges, BatchCompletion, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
-use crate::metrics::{settle, DatasetCounters};
+use crate::metrics::{settle_outcome, DatasetCounters};
 use crate::read_through;
 use crate::session::DatasetResolver;
 use crate::session::{Admission, ControlAction, Fatal, Session};
@@ -187,10 +191,13 @@ impl<R: DatasetResolver> TcpServer<R> {
 
 enum Outgoing {
     Control(Vec<u8>),
+    /// A batch about to go to the data plane: its outcome arrives on the
+    /// connection's completion queue under `tag`. Sent before the batch
+    /// is submitted, so the writer knows the tag when the outcome comes.
     Batch {
+        tag: u64,
         batch_id: u64,
         range_count: u32,
-        result: oneshot::Receiver<Result<BatchResult, SubmitError>>,
         permit: OwnedSemaphorePermit,
         tally: Tally,
     },
@@ -253,9 +260,13 @@ impl<R: DatasetResolver> Connection<R> {
         let mut reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
         let credits = self.config.credits.max(1);
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
+        // Unbounded, but never holds more than the batches the credits let
+        // in flight.
+        let (completions_tx, completions_rx) = mpsc::unbounded_channel();
         let drain =
             Drain { write_timeout: self.config.write_timeout, bytes_per_s_min: self.config.drain_bytes_per_s_min };
-        let mut writer = tokio::spawn(write_loop(writer, out_rx, drain, self.peer));
+        let queues = Queues { outgoing: out_rx, completions: completions_rx };
+        let mut writer = tokio::spawn(write_loop(writer, queues, credits as usize, drain, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let limits = self.config.session_limits(self.config.ranges_per_batch_max, credits);
         let mut session = Session::new(limits, Instant::now());
@@ -263,7 +274,7 @@ impl<R: DatasetResolver> Connection<R> {
         // whole connection goes, not only its writing half.
         let mut writer_done = false;
         let outcome = tokio::select! {
-            outcome = self.read_loop(&mut reader, &out_tx, &semaphore, &mut session, &peer_name) => outcome,
+            outcome = self.read_loop(&mut reader, &out_tx, &completions_tx, &semaphore, &mut session, &peer_name) => outcome,
             _ = &mut writer => {
                 writer_done = true;
                 Err(Fatal::Link("the client did not drain its responses".into()))
@@ -312,6 +323,7 @@ impl<R: DatasetResolver> Connection<R> {
         &self,
         reader: &mut Rd,
         out: &mpsc::Sender<Outgoing>,
+        completions: &mpsc::UnboundedSender<BatchCompletion>,
         semaphore: &Arc<Semaphore>,
         session: &mut Session,
         peer_name: &Option<String>,
@@ -319,6 +331,7 @@ impl<R: DatasetResolver> Connection<R> {
         let mut revocations = self.resolver.revocations();
         let mut payload = Vec::new();
         let credits = self.config.credits.max(1) as usize;
+        let mut next_tag = 0u64;
         loop {
             let deadline = session.deadline(semaphore.available_permits() == credits);
             let frame = async {
@@ -374,26 +387,23 @@ impl<R: DatasetResolver> Connection<R> {
                             (slot, flow, counters, read_through)
                         }
                     };
-                    let ranges: Vec<ByteRange> = descriptors
-                        .iter()
-                        .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
-                        .collect();
-                    let (reply, result) = oneshot::channel();
-                    let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
-                    let submitted = read_through::submit(&self.plane, Some(&self.placement), batch, through.as_ref());
-                    let outgoing = match self.unless_revoked(session, &mut revocations, submitted).await? {
-                        Ok(()) => {
-                            let tally = Tally { counters, submitted: std::time::Instant::now() };
-                            Outgoing::Batch { batch_id, range_count, result, permit, tally }
-                        }
-                        Err(_) => {
-                            counters.record_failed_batch();
-                            Outgoing::Refused { batch_id, range_count, status: BatchStatus::ShuttingDown, permit }
-                        }
-                    };
+                    let mut ranges = spare_ranges();
+                    ranges.extend(
+                        descriptors.iter().map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() }),
+                    );
+                    next_tag += 1;
+                    let tag = next_tag;
+                    let tally = Tally { counters, submitted: Instant::now() };
                     // A reader that stopped draining fills the writer's queue:
                     // a revocation must not wait behind it.
-                    self.unless_revoked(session, &mut revocations, out.send(outgoing)).await?.map_err(|_| closed())?;
+                    let registered = out.send(Outgoing::Batch { tag, batch_id, range_count, permit, tally });
+                    self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
+                    let reply = Reply::queued(completions.clone(), tag);
+                    let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
+                    // A batch the data plane refuses drops its reply, which
+                    // answers `ShuttingDown` on the queue.
+                    let submitted = read_through::submit(&self.plane, Some(&self.placement), batch, through.as_ref());
+                    let _ = self.unless_revoked(session, &mut revocations, submitted).await?;
                 }
                 other => return Err(Fatal::unexpected_frame(other, FrameKind::BatchRequest)),
             }
@@ -421,78 +431,139 @@ impl Drain {
     }
 }
 
-type Pending =
-    std::pin::Pin<Box<dyn Future<Output = (u64, u32, Result<BatchResult, BatchStatus>, OwnedSemaphorePermit)> + Send>>;
+/// What a connection's writer reads: replies and batches from its reader,
+/// outcomes from the data plane.
+struct Queues {
+    outgoing: mpsc::Receiver<Outgoing>,
+    completions: mpsc::UnboundedReceiver<BatchCompletion>,
+}
+
+/// A batch the writer waits on: what its response needs besides the
+/// outcome.
+struct InFlight {
+    batch_id: u64,
+    range_count: u32,
+    permit: OwnedSemaphorePermit,
+    tally: Tally,
+}
 
 /// Writes control replies in order and batch responses as they complete.
 async fn write_loop<Wr: AsyncWrite + Unpin>(
     mut writer: Wr,
-    mut rx: mpsc::Receiver<Outgoing>,
+    mut queues: Queues,
+    credits: usize,
     drain: Drain,
     peer: SocketAddr,
 ) {
     let timeout = drain.write_timeout;
-    let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
+    // The credits bound the batches in flight, so none of these grows.
+    let mut in_flight: HashMap<u64, InFlight> = HashMap::with_capacity(credits);
+    // Outcomes that overtook their batch's registration (never, as the
+    // reader registers before it submits; kept for safety, not speed).
+    let mut early: Vec<BatchCompletion> = Vec::new();
     // Kept from one response to the next, so a response allocates none.
     let mut head = Vec::with_capacity(256);
     let mut statuses: Vec<u8> = Vec::new();
+    let mut spare_slices: Vec<IoSlice<'static>> = Vec::new();
     let mut open = true;
-    while open || !pending.is_empty() {
-        let written = tokio::select! {
-            next = rx.recv(), if open => match next {
-                None => { open = false; Ok(Ok(())) }
-                Some(Outgoing::Control(frame)) => tokio::time::timeout(timeout, write_all_flushed(&mut writer, &frame)).await,
+    let mut completing = true;
+    while open || !in_flight.is_empty() {
+        let done = tokio::select! {
+            // Registrations first: a batch's outcome finds it registered.
+            biased;
+            next = queues.outgoing.recv(), if open => match next {
+                None => { open = false; None }
+                Some(Outgoing::Control(frame)) => {
+                    let written = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &frame)).await;
+                    if !wrote(written, timeout, peer) {
+                        break;
+                    }
+                    None
+                }
                 Some(Outgoing::Refused { batch_id, range_count, status, permit }) => {
                     let statuses = vec![sluice_proto::RangeStatus::IoError as u8; range_count as usize];
                     wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
-                    let result = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await;
+                    let written = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await;
                     drop(permit);
-                    result
+                    if !wrote(written, timeout, peer) {
+                        break;
+                    }
+                    None
                 }
-                Some(Outgoing::Batch { batch_id, range_count, result, permit, tally }) => {
-                    pending.push(Box::pin(async move {
-                        let outcome = settle(result, &tally.counters, tally.submitted).await;
-                        (batch_id, range_count, outcome, permit)
-                    }));
-                    Ok(Ok(()))
+                Some(Outgoing::Batch { tag, batch_id, range_count, permit, tally }) => {
+                    in_flight.insert(tag, InFlight { batch_id, range_count, permit, tally });
+                    early.iter().position(|done| done.tag == tag).map(|at| early.swap_remove(at))
                 }
             },
-            Some((batch_id, range_count, outcome, permit)) = pending.next(), if !pending.is_empty() => {
-                let result = match outcome {
-                    Ok(batch) => {
-                        let payload_bytes = batch.payload_bytes();
-                        statuses.clear();
-                        statuses.extend(batch.statuses().iter().map(|s| *s as u8));
-                        wire::encode_batch_response_head(&mut head, batch_id, BatchStatus::Ok, &statuses, payload_bytes);
-                        // Borrows this response's head and slots: one vector a response.
-                        let mut slices = Vec::with_capacity(1 + statuses.len());
-                        slices.push(IoSlice::new(&head));
-                        batch.push_io_slices(&mut slices);
-                        let within = drain.within(head.len() as u64 + payload_bytes);
-                        tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await
-                    }
-                    Err(status) => {
-                        let statuses = vec![sluice_proto::RangeStatus::IoError as u8; range_count as usize];
-                        wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
-                        tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await
-                    }
-                };
-                drop(permit);
-                result
+            done = queues.completions.recv(), if completing => {
+                if done.is_none() {
+                    completing = false;
+                }
+                done
+            }
+            // Every registered batch's reply answers, so this is never
+            // reached with batches in flight.
+            else => break,
+        };
+        let Some(done) = done else { continue };
+        let Some(batch) = in_flight.remove(&done.tag) else {
+            early.push(done);
+            continue;
+        };
+        let written = match settle_outcome(done.outcome, &batch.tally.counters, batch.tally.submitted) {
+            Ok(result) => {
+                let payload_bytes = result.payload_bytes();
+                statuses.clear();
+                statuses.extend(result.statuses().iter().map(|s| *s as u8));
+                wire::encode_batch_response_head(&mut head, batch.batch_id, BatchStatus::Ok, &statuses, payload_bytes);
+                // Borrows this response's head and slots, in the vector the
+                // last response used.
+                let mut slices = recycled(std::mem::take(&mut spare_slices));
+                slices.push(IoSlice::new(&head));
+                result.push_io_slices(&mut slices);
+                let within = drain.within(head.len() as u64 + payload_bytes);
+                let written = tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await;
+                spare_slices = recycled(slices);
+                written
+            }
+            Err(status) => {
+                let statuses = vec![sluice_proto::RangeStatus::IoError as u8; batch.range_count as usize];
+                wire::encode_batch_response_head(&mut head, batch.batch_id, status, &statuses, 0);
+                tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await
             }
         };
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                tracing::debug!(%peer, "writing response: {err}");
-                break;
-            }
-            Err(_) => {
-                tracing::info!(%peer, "client did not drain a response in time (at most {timeout:?}); dropping it");
-                break;
-            }
+        drop(batch.permit);
+        if !wrote(written, timeout, peer) {
+            break;
         }
     }
-    // Remaining results drop here, which returns their DMA slots.
+    // Outcomes still queued drop here, which returns their DMA slots.
     let _ = writer.shutdown().await;
+}
+
+/// Whether a write went through; logs why not.
+fn wrote(
+    written: Result<std::io::Result<()>, tokio::time::error::Elapsed>,
+    timeout: Duration,
+    peer: SocketAddr,
+) -> bool {
+    match written {
+        Ok(Ok(())) => true,
+        Ok(Err(err)) => {
+            tracing::debug!(%peer, "writing response: {err}");
+            false
+        }
+        Err(_) => {
+            tracing::info!(%peer, "client did not drain a response in time (at most {timeout:?}); dropping it");
+            false
+        }
+    }
+}
+
+/// `slices` emptied, with its allocation, for slices of another lifetime:
+/// collecting a vector's own iterator reuses its buffer when the element
+/// size and alignment match, as they do here.
+fn recycled<'b>(mut slices: Vec<IoSlice<'_>>) -> Vec<IoSlice<'b>> {
+    slices.clear();
+    slices.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }

@@ -40,12 +40,14 @@ use crate::steer::{
 use sluice_proto::{Lane, RangeStatus};
 
 mod core;
+mod reply;
 mod result;
 #[cfg(test)]
 mod tests;
 
 use self::core::CoreEngine;
-pub use result::BatchResult;
+pub use reply::{BatchCompletion, Outcome, Reply};
+pub use result::{spare_ranges, BatchResult};
 
 /// Most datasets attached to one node at once.
 pub const DATASET_SLOTS_MAX: u32 = 4096;
@@ -227,7 +229,7 @@ pub struct ReadBatch {
     /// lane; [`Flow::UNSTEERED`] leaves it to the size threshold.
     pub flow: Flow,
     pub ranges: Vec<ByteRange>,
-    pub reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+    pub reply: Reply,
     /// Kept alive until the batch's result is dropped: what the batch
     /// needs to outlive it (a source-backed dataset's read lease, which
     /// keeps its chunks from being evicted while their bytes are served).
@@ -546,7 +548,7 @@ impl DataPlane {
         ranges: Vec<ByteRange>,
     ) -> Result<BatchResult, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply, hold: None }).await?;
+        self.submit(ReadBatch { dataset, client_id: 0, flow, ranges, reply: Reply::once(reply), hold: None }).await?;
         rx.await.map_err(|_| SubmitError::Shutdown)?
     }
 

@@ -2,41 +2,69 @@
 //! core's DMA slots until the transport drops it. Its plan then goes to
 //! the dropping thread's spare plans, where the next batch a core admits
 //! on that thread takes it: connections live on their core, so a core
-//! plans into the same few plans over and over and allocates none.
+//! plans into the same few plans over and over and allocates none. The
+//! vectors a transport hands its batch ranges in come back the same way
+//! ([`spare_ranges`]).
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use super::*;
 
-/// Most spare plans one thread keeps: a core's batches in flight (64 by
-/// default) and as many again.
-const SPARE_PLANS_MAX: usize = 128;
-/// A plan grown past this (a batch of thousands of ranges) is freed, not
-/// kept, so spare plans hold at most `SPARE_PLANS_MAX` × this per thread.
-const SPARE_PLAN_BYTES_MAX: usize = 64 * 1024;
+/// Most spares of each kind one thread keeps: a core's batches in flight
+/// (64 by default) and as many again.
+const SPARES_MAX: usize = 128;
+/// A spare grown past this (a batch of thousands of ranges) is freed, not
+/// kept, so spares hold at most `SPARES_MAX` × this per thread and kind.
+const SPARE_BYTES_MAX: usize = 64 * 1024;
 
 thread_local! {
     static SPARE_PLANS: RefCell<Vec<BatchPlan>> = const { RefCell::new(Vec::new()) };
+    static SPARE_RANGES: RefCell<Vec<Vec<ByteRange>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn take_spare<T: Default>(spares: &'static LocalKey<RefCell<Vec<T>>>) -> T {
+    spares.try_with(|spares| spares.borrow_mut().pop()).ok().flatten().unwrap_or_default()
+}
+
+fn keep_spare<T>(spares: &'static LocalKey<RefCell<Vec<T>>>, spare: T, bytes: usize) {
+    if bytes > SPARE_BYTES_MAX {
+        return;
+    }
+    // A thread being torn down has no spares left to keep it in.
+    let _ = spares.try_with(|spares| {
+        let mut spares = spares.borrow_mut();
+        if spares.len() < SPARES_MAX {
+            spares.push(spare);
+        }
+    });
 }
 
 /// A plan to plan the next batch into: a spare one of this thread's, or a
 /// new one.
 pub(super) fn spare_plan() -> BatchPlan {
-    SPARE_PLANS.try_with(|spares| spares.borrow_mut().pop()).ok().flatten().unwrap_or_default()
+    take_spare(&SPARE_PLANS)
 }
 
 /// Keeps `plan` for a later batch on this thread, within the bounds.
 pub(super) fn keep_spare_plan(plan: BatchPlan) {
-    if plan.capacity_bytes() > SPARE_PLAN_BYTES_MAX {
-        return;
-    }
-    // A thread being torn down has no spares left to keep it in.
-    let _ = SPARE_PLANS.try_with(|spares| {
-        let mut spares = spares.borrow_mut();
-        if spares.len() < SPARE_PLANS_MAX {
-            spares.push(plan);
-        }
-    });
+    let bytes = plan.capacity_bytes();
+    keep_spare(&SPARE_PLANS, plan, bytes);
+}
+
+/// An empty vector to hand a batch's ranges in ([`ReadBatch::ranges`]):
+/// one this thread's core kept from an earlier batch once it planned it,
+/// or a new one.
+pub fn spare_ranges() -> Vec<ByteRange> {
+    let mut ranges = take_spare(&SPARE_RANGES);
+    ranges.clear();
+    ranges
+}
+
+/// Keeps a planned batch's `ranges` for a later batch on this thread.
+pub(super) fn keep_spare_ranges(ranges: Vec<ByteRange>) {
+    let bytes = ranges.capacity() * size_of::<ByteRange>();
+    keep_spare(&SPARE_RANGES, ranges, bytes);
 }
 
 /// The outcome of a batch. Its bytes live in the core's DMA slots until it

@@ -126,7 +126,7 @@ fn tasks_placed_on_a_core_are_served_on_its_thread() {
                             client_id: 0,
                             flow: Flow::UNSTEERED,
                             ranges: ranges.clone(),
-                            reply,
+                            reply: reply.into(),
                             hold: None,
                         };
                         plane.submit_to(core, batch).await.expect("submit");

@@ -360,7 +360,14 @@ impl<R: DatasetResolver> Connection<R> {
                     Admission::Admitted { slot, flow, counters, read_through } => (slot, flow, counters, read_through),
                 };
                 let (reply, result) = oneshot::channel();
-                let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
+                let batch = ReadBatch {
+                    dataset: slot,
+                    client_id: self.client_id,
+                    flow,
+                    ranges,
+                    reply: reply.into(),
+                    hold: None,
+                };
                 let submitted =
                     crate::read_through::submit(&self.device.plane, Some(&self.placement), batch, through.as_ref());
                 if submitted.await.is_err() {

@@ -108,8 +108,10 @@ impl CoreEngine {
                 return;
             };
             let Some((batch, mut probe)) = self.waiting[lane].pop_front() else { return };
+            let ReadBatch { dataset, ranges, reply, hold, .. } = batch;
+            result::keep_spare_ranges(ranges);
             self.active_free.pop();
-            self.slot_batches[batch.dataset.index as usize] += 1;
+            self.slot_batches[dataset.index as usize] += 1;
             let units = plan.units.len();
             let (mut unit_failed, mut retries_left) = self.spare_unit_state.pop().unwrap_or_default();
             unit_failed.clear();
@@ -120,7 +122,7 @@ impl CoreEngine {
             probe.submit_ns = monotonic_ns(self.clock);
             sluice_probe_batch_submit(&probe);
             self.active[active_index] = Some(ActiveBatch {
-                slot: batch.dataset.index,
+                slot: dataset.index,
                 view,
                 plan,
                 lease,
@@ -132,8 +134,8 @@ impl CoreEngine {
                 bad_ranges: Vec::new(),
                 block_size_bytes,
                 probe,
-                reply: batch.reply,
-                hold: batch.hold,
+                reply,
+                hold,
             });
             if units == 0 {
                 self.complete(active_index);

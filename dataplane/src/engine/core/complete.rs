@@ -83,7 +83,7 @@ fn verify_blocks(batch: &ActiveBatch) -> Vec<(u64, u64)> {
             let block_end = (at + VERIFY_BLOCK_BYTES).min(view.length_bytes);
             let bytes = &data[(at - start) as usize..(block_end - start) as usize];
             let expected = view.block_crcs.get((at / VERIFY_BLOCK_BYTES) as usize);
-            if expected.is_none_or(|crc| crc != crc32c::crc32c(bytes)) {
+            if expected.is_none_or(|crc| crc != crate::blocks::block_crc(bytes)) {
                 bad.push((at, block_end));
             }
             at = block_end;

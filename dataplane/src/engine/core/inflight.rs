@@ -21,7 +21,7 @@ pub(super) struct ActiveBatch {
     pub(super) bad_ranges: Vec<(u64, u64)>,
     pub(super) block_size_bytes: u32,
     pub(super) probe: BatchProbe,
-    pub(super) reply: oneshot::Sender<Result<BatchResult, SubmitError>>,
+    pub(super) reply: Reply,
     pub(super) hold: Option<Hold>,
 }
 
