@@ -4,11 +4,12 @@
 //! reads; the difference of their totals divided by the difference in
 //! reads cancels start-up and shutdown.
 //!
-//! A second pair of runs leaves out the instructions spent inside
-//! [`sluice_dataplane::blocks::block_crc`] (`--toggle-collect`), so the
-//! served path's own cost reads apart from verifying every block, whose
-//! CRC32C is about 2,000 instructions a 4 KiB block here: callgrind runs
-//! the SSE4.2 code, not the wider vector code a real core would.
+//! A second pair of runs counts only the instructions spent inside
+//! [`sluice_dataplane::blocks::block_crc`] (`--toggle-collect` collects
+//! inside the function named and nowhere else), so the served path's own
+//! cost reads apart from verifying every block, whose CRC32C is about
+//! 2,000 instructions a 4 KiB block here: callgrind runs the SSE4.2 code,
+//! not the wider vector code a real core would.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,8 +21,8 @@ use sluicectl::readbench::{self, BenchParams, ReadPattern};
 
 use crate::procs::Server;
 
-const BATCH: usize = 32;
-/// The function whose instructions the second pair of runs leaves out.
+pub const BATCH: usize = 32;
+/// The function whose instructions alone the second pair of runs counts.
 const CRC_FUNCTION: &str = "sluice_dataplane::blocks::block_crc";
 /// The C allocator's entry points: a call of any is one heap allocation.
 const ALLOCATORS: [&str; 6] = ["malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"];
@@ -35,7 +36,10 @@ pub struct InstructionCount {
     pub instructions_per_read: f64,
     /// The same, leaving out the block CRC32C of verification.
     pub instructions_per_read_beside_crc: f64,
-    /// Heap allocations (calls of the C allocator) per batch of `BATCH`.
+    /// Heap allocations (calls of the C allocator) in the two runs, and
+    /// their difference per batch of `BATCH` more.
+    pub allocations_small: u64,
+    pub allocations_large: u64,
     pub allocations_per_batch: f64,
 }
 
@@ -55,11 +59,11 @@ pub fn per_read(
     work_dir: &Path,
     batches: (u64, u64),
 ) -> Result<InstructionCount, String> {
-    let run = |batches, beside_crc| run_once(runtime, sluiced, data_dir, dataset, work_dir, batches, beside_crc);
+    let run = |batches, crc_only| run_once(runtime, sluiced, data_dir, dataset, work_dir, batches, crc_only);
     let small = run(batches.0, false)?;
     let large = run(batches.1, false)?;
-    let small_beside = run(batches.0, true)?;
-    let large_beside = run(batches.1, true)?;
+    let small_crc = run(batches.0, true)?;
+    let large_crc = run(batches.1, true)?;
     let (reads_small, reads_large) = (batches.0 * BATCH as u64, batches.1 * BATCH as u64);
     let per_read = |small: u64, large: u64| (large as f64 - small as f64) / (reads_large - reads_small) as f64;
     Ok(InstructionCount {
@@ -68,7 +72,10 @@ pub fn per_read(
         instructions_small: small.instructions,
         instructions_large: large.instructions,
         instructions_per_read: per_read(small.instructions, large.instructions),
-        instructions_per_read_beside_crc: per_read(small_beside.instructions, large_beside.instructions),
+        instructions_per_read_beside_crc: per_read(small.instructions, large.instructions)
+            - per_read(small_crc.instructions, large_crc.instructions),
+        allocations_small: small.allocations,
+        allocations_large: large.allocations,
         allocations_per_batch: (large.allocations as f64 - small.allocations as f64) / (batches.1 - batches.0) as f64,
     })
 }
@@ -80,14 +87,13 @@ fn run_once(
     dataset: &str,
     work_dir: &Path,
     batches: u64,
-    beside_crc: bool,
+    crc_only: bool,
 ) -> Result<Totals, String> {
-    let name =
-        if beside_crc { format!("callgrind.{batches}.beside-crc.out") } else { format!("callgrind.{batches}.out") };
+    let name = if crc_only { format!("callgrind.{batches}.crc.out") } else { format!("callgrind.{batches}.out") };
     let out = work_dir.join(name);
     let mut wrapper =
         vec!["valgrind".to_string(), "--tool=callgrind".to_string(), format!("--callgrind-out-file={}", out.display())];
-    if beside_crc {
+    if crc_only {
         wrapper.push(format!("--toggle-collect={CRC_FUNCTION}"));
     }
     let (server, endpoint) = Server::sluiced(&wrapper, sluiced, data_dir, "direct", &["--cores", "1"])?;

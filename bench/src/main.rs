@@ -121,7 +121,7 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
     let count = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", &work, (small, large))?;
     println!(
         "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n\
-         {:.0} per read beside the block CRC32C; {:.2} heap allocations per batch",
+         {:.0} per read beside the block CRC32C; {:.3} heap allocations per batch ({} - {})",
         count.instructions_per_read,
         count.instructions_large,
         count.instructions_small,
@@ -130,6 +130,8 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
         Profile::OF_THIS_BUILD.caveat(),
         count.instructions_per_read_beside_crc,
         count.allocations_per_batch,
+        count.allocations_large,
+        count.allocations_small,
     );
     Ok(work.join(format!("callgrind.{large}.out")))
 }

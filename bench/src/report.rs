@@ -76,7 +76,8 @@ pub fn markdown(run: &Run) -> String {
                  the kernel's share (io_uring, TCP) is not counted.\n\n\
                  {:.0} of them per read beside verification (two more runs, leaving out `block_crc`, the CRC32C of \
                  each 4 KiB block read: {:.0} a block under callgrind, which runs its SSE4.2 code).\n\n\
-                 {:.2} heap allocations per batch on the node (calls of the C allocator, same two runs).",
+                 {:.3} heap allocations per batch on the node: ({} − {}) calls of the C allocator in the same two \
+                 runs, over {} batches more (start-up differs by a few allocations from run to run).",
                 count.instructions_per_read,
                 count.instructions_large,
                 count.instructions_small,
@@ -85,6 +86,9 @@ pub fn markdown(run: &Run) -> String {
                 count.instructions_per_read_beside_crc,
                 count.instructions_per_read - count.instructions_per_read_beside_crc,
                 count.allocations_per_batch,
+                count.allocations_large,
+                count.allocations_small,
+                (count.reads_large - count.reads_small) / crate::callgrind::BATCH as u64,
             );
         }
         Err(why) => {
