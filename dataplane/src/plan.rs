@@ -58,6 +58,10 @@ pub struct BatchPlan {
     /// Per range, in request order: `(first piece, piece count)`.
     pub range_pieces: Vec<(u32, u32)>,
     pub slots_needed: u32,
+    /// Bytes of the ranges whose status is `Ok`: what a response carries.
+    /// Kept as statuses change ([`BatchPlan::fail`]), so a response never
+    /// walks its pieces to size itself.
+    pub ok_bytes: u64,
     /// Planning's scratch, kept for the next batch: the ranges with bytes
     /// to read as `(I/O start, I/O end, start, end, index)`.
     live: Vec<(u64, u64, u64, u64, u32)>,
@@ -67,6 +71,16 @@ impl BatchPlan {
     pub fn pieces_of(&self, range_index: usize) -> &[Piece] {
         let (first, count) = self.range_pieces[range_index];
         &self.pieces[first as usize..(first + count) as usize]
+    }
+
+    /// Fails range `index` with `status`; its bytes are no longer served.
+    pub fn fail(&mut self, index: usize, status: RangeStatus) {
+        assert_ne!(status, RangeStatus::Ok, "failing a range with Ok");
+        if self.statuses[index] == RangeStatus::Ok {
+            let bytes: u64 = self.pieces_of(index).iter().map(|p| u64::from(p.len_bytes)).sum();
+            self.ok_bytes -= bytes;
+        }
+        self.statuses[index] = status;
     }
 
     /// Bytes the plan's vectors hold allocated, whatever their length.
@@ -101,6 +115,7 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
     plan.range_pieces.resize(ranges.len(), (0, 0));
     plan.units.clear();
     plan.pieces.clear();
+    plan.ok_bytes = 0;
     // Ranges with bytes to read: (I/O start, I/O end, start, end, index),
     // absolute; the I/O span is the range widened to granules if asked.
     let mut live = std::mem::take(&mut plan.live);
@@ -110,6 +125,7 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
         let end = range.offset_bytes.checked_add(u64::from(range.len_bytes));
         match end {
             Some(end) if end <= geometry.length_bytes => {
+                plan.ok_bytes += u64::from(range.len_bytes);
                 if range.len_bytes > 0 {
                     let base = geometry.base_offset_bytes;
                     let (io_start, io_end) = match geometry.widen_to_bytes {
@@ -122,7 +138,7 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
             _ => plan.statuses[index] = RangeStatus::OutOfBounds,
         }
     }
-    live.sort_unstable();
+    live.sort_unstable_by_key(|live| live.0);
 
     let namespace_end = geometry.base_offset_bytes + geometry.length_bytes;
     let mut packer = SlotPacker::new(geometry.unit_bytes_max);
@@ -332,6 +348,13 @@ mod tests {
                 prop_assert_eq!(&reused.pieces, &fresh.pieces);
                 prop_assert_eq!(&reused.range_pieces, &fresh.range_pieces);
                 prop_assert_eq!(reused.slots_needed, fresh.slots_needed);
+                prop_assert_eq!(reused.ok_bytes, fresh.ok_bytes);
+                let ok_pieces: u64 = (0..ranges.len())
+                    .filter(|&i| reused.statuses[i] == RangeStatus::Ok)
+                    .flat_map(|i| reused.pieces_of(i))
+                    .map(|p| u64::from(p.len_bytes))
+                    .sum();
+                prop_assert_eq!(reused.ok_bytes, ok_pieces);
             }
         }
 

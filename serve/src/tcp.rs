@@ -372,9 +372,14 @@ impl<R: DatasetResolver> Connection<R> {
                     let range_count = request.range_count.get();
                     let lens = descriptors.iter().map(|d| d.len.get());
                     let admission = session.admit(request.handle.get(), lens, true)?;
-                    let acquire = Arc::clone(semaphore).acquire_owned();
-                    let permit =
-                        self.unless_revoked(session, &mut revocations, acquire).await?.map_err(|_| closed())?;
+                    // A credit is nearly always free: take it without a wait.
+                    let permit = match Arc::clone(semaphore).try_acquire_owned() {
+                        Ok(permit) => permit,
+                        Err(_) => {
+                            let acquire = Arc::clone(semaphore).acquire_owned();
+                            self.unless_revoked(session, &mut revocations, acquire).await?.map_err(|_| closed())?
+                        }
+                    };
                     let (slot, flow, counters, through) = match admission {
                         Admission::Refused(status) => {
                             let refused = Outgoing::Refused { batch_id, range_count, status, permit };
@@ -396,8 +401,15 @@ impl<R: DatasetResolver> Connection<R> {
                     let tally = Tally { counters, submitted: Instant::now() };
                     // A reader that stopped draining fills the writer's queue:
                     // a revocation must not wait behind it.
-                    let registered = out.send(Outgoing::Batch { tag, batch_id, range_count, permit, tally });
-                    self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
+                    let registration = Outgoing::Batch { tag, batch_id, range_count, permit, tally };
+                    match out.try_send(registration) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
+                        Err(mpsc::error::TrySendError::Full(registration)) => {
+                            let registered = out.send(registration);
+                            self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
+                        }
+                    }
                     let reply = Reply::queued(completions.clone(), tag);
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                     // A batch the data plane refuses drops its reply, which

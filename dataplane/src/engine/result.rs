@@ -98,16 +98,12 @@ impl BatchResult {
     /// source-backed chunk that could not be filled): its bytes, if any,
     /// are no longer served.
     pub fn fail_range(&mut self, index: usize, status: RangeStatus) {
-        assert_ne!(status, RangeStatus::Ok, "failing a range with Ok");
-        self.plan.statuses[index] = status;
+        self.plan.fail(index, status);
     }
 
     /// Bytes of every `Ok` range, in request order.
     pub fn payload_bytes(&self) -> u64 {
-        (0..self.plan.statuses.len())
-            .filter(|&i| self.plan.statuses[i] == RangeStatus::Ok)
-            .map(|i| self.plan.pieces_of(i).iter().map(|p| u64::from(p.len_bytes)).sum::<u64>())
-            .sum()
+        self.plan.ok_bytes
     }
 
     /// The pieces of range `index`'s bytes in order, each contiguous in a

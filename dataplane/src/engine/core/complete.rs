@@ -29,22 +29,23 @@ impl CoreEngine {
         // Bad dataset byte spans: whole blocks.
         let bad_spans = if self.verifies(&batch.view) { verify_blocks(&batch) } else { Vec::new() };
         let plan = &mut batch.plan;
-        for range in 0..plan.statuses.len() {
+        // Ranges fail only over bad blocks or unread bytes: without either
+        // (nearly every batch) no range needs looking at.
+        let any_bad = !bad_spans.is_empty() || !batch.bad_ranges.is_empty();
+        let ranges = if any_bad { plan.statuses.len() } else { 0 };
+        for range in 0..ranges {
             if plan.statuses[range] != RangeStatus::Ok {
                 continue;
             }
-            let (first, count) = plan.range_pieces[range];
-            let pieces = &plan.pieces[first as usize..(first + count) as usize];
+            let pieces = plan.pieces_of(range);
             let Some(head) = pieces.first() else { continue };
             let ns_start = plan.units[head.unit as usize].offset_bytes + u64::from(head.unit_offset_bytes);
             let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
+            let start = ns_start - batch.view.base_offset_bytes;
             if batch.bad_ranges.iter().any(|&(a, b)| a < ns_start + len && ns_start < b) {
-                plan.statuses[range] = RangeStatus::IoError;
-            } else if !bad_spans.is_empty() {
-                let start = ns_start - batch.view.base_offset_bytes;
-                if bad_spans.iter().any(|&(a, b)| a < start + len && start < b) {
-                    plan.statuses[range] = RangeStatus::ChecksumMismatch;
-                }
+                plan.fail(range, RangeStatus::IoError);
+            } else if bad_spans.iter().any(|&(a, b)| a < start + len && start < b) {
+                plan.fail(range, RangeStatus::ChecksumMismatch);
             }
         }
         // The active table bounds these to one pair a batch slot.
