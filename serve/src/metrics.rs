@@ -10,18 +10,6 @@ use sluice_proto::{Lane, RangeStatus};
 
 use sluice_proto::wire::BatchStatus;
 
-/// Waits for the data plane's answer to a batch submitted at `submitted`
-/// and settles it (see [`settle_outcome`]): the RDMA transport's batches
-/// each have a one-shot reply.
-#[cfg(feature = "rdma")]
-pub(crate) async fn settle(
-    reply: tokio::sync::oneshot::Receiver<Outcome>,
-    counters: &DatasetCounters,
-    submitted: Instant,
-) -> Result<BatchResult, BatchStatus> {
-    settle_outcome(reply.await.unwrap_or(Err(SubmitError::Shutdown)), counters, submitted)
-}
-
 /// Counts the data plane's answer to a batch submitted at `submitted` in
 /// `counters`, and gives what the transport sends back: the result, or the
 /// batch status a client reads for a batch that failed whole.

@@ -51,7 +51,23 @@ struct InFlight {
     _batch: Option<BatchResult>,
 }
 
-type Reading = Pin<Box<dyn Future<Output = Completed> + Send>>;
+/// A batch on the data plane: what its response needs besides the
+/// outcome, which comes back on the connection's completion queue.
+struct Reading {
+    batch_id: u64,
+    range_count: u32,
+    target: Target,
+    counters: Arc<DatasetCounters>,
+    submitted: Instant,
+}
+
+/// The connection's batches on the data plane, by the tag their outcomes
+/// come back under: no channel or task of its own a batch.
+struct Batches {
+    queue: mpsc::UnboundedSender<BatchCompletion>,
+    reading: HashMap<u64, Reading>,
+    next_tag: u64,
+}
 
 /// One client connection. Owns its queue pair; declared first, it is
 /// destroyed before the slots it posts from and the batches it writes from.
@@ -210,7 +226,9 @@ impl<R: DatasetResolver> Connection<R> {
         let cq = readiness(Arc::clone(self.qp.cq()), "registering the completion channel")?;
         let cm = readiness(Arc::clone(self.qp.id().channel()), "registering the rdma_cm channel")?;
         let mut revocations = self.resolver.revocations();
-        let mut reading: FuturesUnordered<Reading> = FuturesUnordered::new();
+        let (queue, mut outcomes) = mpsc::unbounded_channel();
+        let credits = self.session.limits().credits as usize;
+        let mut batches = Batches { queue, reading: HashMap::with_capacity(credits), next_tag: 0 };
         let mut completions = Vec::with_capacity(64);
         // A response whose SEND never completes (a client that stopped
         // posting receives is cut off by the RNR limit; a wedged link is
@@ -231,7 +249,7 @@ impl<R: DatasetResolver> Connection<R> {
                             break;
                         }
                         for wc in completions.drain(..) {
-                            self.completed(wc, &mut reading).await?;
+                            self.completed(wc, &mut batches).await?;
                         }
                     }
                     self.flush()?;
@@ -249,9 +267,16 @@ impl<R: DatasetResolver> Connection<R> {
                         }
                     }
                 }
-                Some(done) = reading.next(), if !reading.is_empty() => {
-                    tracing::trace!(client = self.client_id, batch = done.batch_id, "batch read");
-                    self.waiting.push_back(Outgoing::Batch(done));
+                // `batches` holds a sender: the queue never ends here.
+                Some(done) = outcomes.recv() => {
+                    let Some(read) = batches.reading.remove(&done.tag) else {
+                        tracing::warn!(client = self.client_id, tag = done.tag, "outcome of no batch of this connection");
+                        continue;
+                    };
+                    tracing::trace!(client = self.client_id, batch = read.batch_id, "batch read");
+                    let outcome = settle_outcome(done.outcome, &read.counters, read.submitted);
+                    let Reading { batch_id, range_count, target, .. } = read;
+                    self.waiting.push_back(Outgoing::Batch(Completed { batch_id, range_count, target, outcome }));
                     self.flush()?;
                 }
                 _ = watchdog.tick() => {
@@ -282,7 +307,7 @@ impl<R: DatasetResolver> Connection<R> {
     }
 
     /// Handles one work completion.
-    async fn completed(&mut self, wc: WorkCompletion, reading: &mut FuturesUnordered<Reading>) -> Result<(), Fatal> {
+    async fn completed(&mut self, wc: WorkCompletion, batches: &mut Batches) -> Result<(), Fatal> {
         if !wc.is_ok() {
             let kind = match wc.wr_id & WR_TAG_MASK {
                 WR_RECV => "receive",
@@ -311,7 +336,7 @@ impl<R: DatasetResolver> Connection<R> {
                     self.qp.post_recv(WR_RECV | u64::from(slot), self.recv.sge(slot as usize, REQUEST_SLOT_BYTES))
                 }?;
                 self.session.heard(Instant::now());
-                self.handle(incoming?, reading).await
+                self.handle(incoming?, batches).await
             }
             _ => Err(Fatal::Protocol(format!("completion for unknown work request {:#x}", wc.wr_id))),
         }
@@ -331,7 +356,7 @@ impl<R: DatasetResolver> Connection<R> {
         // `done.batch` drops here: its DMA slots go back to the core.
     }
 
-    async fn handle(&mut self, incoming: Incoming, reading: &mut FuturesUnordered<Reading>) -> Result<(), Fatal> {
+    async fn handle(&mut self, incoming: Incoming, batches: &mut Batches) -> Result<(), Fatal> {
         match incoming {
             Incoming::Control(message) => {
                 if let Some(reply) = self.control(message).await? {
@@ -359,29 +384,22 @@ impl<R: DatasetResolver> Connection<R> {
                     }
                     Admission::Admitted { slot, flow, counters, read_through } => (slot, flow, counters, read_through),
                 };
-                let (reply, result) = oneshot::channel();
+                batches.next_tag += 1;
+                let tag = batches.next_tag;
+                let read = Reading { batch_id, range_count, target, counters, submitted: Instant::now() };
+                batches.reading.insert(tag, read);
                 let batch = ReadBatch {
                     dataset: slot,
                     client_id: self.client_id,
                     flow,
                     ranges,
-                    reply: reply.into(),
+                    reply: Reply::queued(batches.queue.clone(), tag),
                     hold: None,
                 };
-                let submitted =
-                    crate::read_through::submit(&self.device.plane, Some(&self.placement), batch, through.as_ref());
-                if submitted.await.is_err() {
-                    counters.record_failed_batch();
-                    let completed =
-                        Completed { batch_id, range_count, target, outcome: Err(BatchStatus::ShuttingDown) };
-                    self.waiting.push_back(Outgoing::Batch(completed));
-                    return Ok(());
-                }
-                let submitted = Instant::now();
-                reading.push(Box::pin(async move {
-                    let outcome = settle(result, &counters, submitted).await;
-                    Completed { batch_id, range_count, target, outcome }
-                }));
+                // A batch the data plane refuses drops its reply, which
+                // answers `ShuttingDown` on the queue.
+                let _ = crate::read_through::submit(&self.device.plane, Some(&self.placement), batch, through.as_ref())
+                    .await;
             }
         }
         Ok(())
@@ -535,10 +553,15 @@ fn decode(bytes: &[u8]) -> Result<Incoming, Fatal> {
                     rkey: header.rkey.get(),
                     dests: descriptors.iter().map(|d| d.dest.get()).collect(),
                 },
-                ranges: descriptors
-                    .iter()
-                    .map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() })
-                    .collect(),
+                ranges: {
+                    // A vector the core kept from an earlier batch: this
+                    // runs on the connection's core.
+                    let mut ranges = spare_ranges();
+                    ranges.extend(
+                        descriptors.iter().map(|d| ByteRange { offset_bytes: d.offset.get(), len_bytes: d.len.get() }),
+                    );
+                    ranges
+                },
                 fits,
             })
         }

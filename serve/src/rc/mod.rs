@@ -5,20 +5,19 @@
 //! beside its own queue and sockets: a batch is received, read and written
 //! back on one thread, as over TCP.
 
-use std::collections::VecDeque;
-use std::future::Future;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use sluice_dataplane::{BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch};
+use sluice_dataplane::{
+    spare_ranges, BatchCompletion, BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply,
+};
 use sluice_proto::RangeStatus;
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::ServerConfig;
-use crate::metrics::settle;
+use crate::metrics::{settle_outcome, DatasetCounters};
 use crate::session::{Admission, ControlAction, DatasetResolver, Fatal, Session};
 
 mod connection;
