@@ -53,8 +53,9 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Only the instruction count per served 4 KiB read (callgrind), on a
-    /// node of its own; keeps the callgrind outputs for
+    /// Only the instruction count per served 4 KiB read (callgrind), in
+    /// all and beside the block CRC32C, and the heap allocations per
+    /// batch, on a node of its own; keeps the callgrind outputs for
     /// `callgrind_annotate` (in target/bench-instructions).
     Instructions {
         /// Batches of 32 reads in the small and the large run.
