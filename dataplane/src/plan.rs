@@ -52,7 +52,9 @@ pub struct Piece {
 /// capacity, so a core that recycles its plans allocates none per batch.
 #[derive(Debug, Default)]
 pub struct BatchPlan {
-    pub statuses: Vec<RangeStatus>,
+    /// Per range, in request order; changed only through
+    /// [`BatchPlan::fail`], which keeps `ok_bytes` with them.
+    statuses: Vec<RangeStatus>,
     pub units: Vec<IoUnit>,
     pub pieces: Vec<Piece>,
     /// Per range, in request order: `(first piece, piece count)`.
@@ -61,7 +63,7 @@ pub struct BatchPlan {
     /// Bytes of the ranges whose status is `Ok`: what a response carries.
     /// Kept as statuses change ([`BatchPlan::fail`]), so a response never
     /// walks its pieces to size itself.
-    pub ok_bytes: u64,
+    ok_bytes: u64,
     /// Planning's scratch, kept for the next batch: the ranges with bytes
     /// to read as `(I/O start, I/O end, start, end, index)`.
     live: Vec<(u64, u64, u64, u64, u32)>,
@@ -71,6 +73,16 @@ impl BatchPlan {
     pub fn pieces_of(&self, range_index: usize) -> &[Piece] {
         let (first, count) = self.range_pieces[range_index];
         &self.pieces[first as usize..(first + count) as usize]
+    }
+
+    /// Each range's status, in request order.
+    pub fn statuses(&self) -> &[RangeStatus] {
+        &self.statuses
+    }
+
+    /// Bytes of the ranges whose status is `Ok`.
+    pub fn ok_bytes(&self) -> u64 {
+        self.ok_bytes
     }
 
     /// Fails range `index` with `status`; its bytes are no longer served.

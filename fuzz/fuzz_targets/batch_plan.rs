@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let plan = plan_batch(&ranges, geometry);
     for (i, range) in ranges.iter().enumerate() {
         let covered: u64 = plan.pieces_of(i).iter().map(|p| u64::from(p.len_bytes)).sum();
-        if plan.statuses[i] == RangeStatus::Ok {
+        if plan.statuses()[i] == RangeStatus::Ok {
             assert_eq!(covered, u64::from(range.len_bytes));
         } else {
             assert_eq!(covered, 0);

@@ -40,16 +40,38 @@ fn keep_spare<T>(spares: &'static LocalKey<RefCell<Vec<T>>>, spare: T, bytes: us
     });
 }
 
-/// A plan to plan the next batch into: a spare one of this thread's, or a
-/// new one.
-pub(super) fn spare_plan() -> BatchPlan {
-    take_spare(&SPARE_PLANS)
+/// A plan that goes back to the dropping thread's spare plans when it is
+/// dropped, whatever path drops it (a batch refused, one waiting for
+/// slots, a result sent): nothing returns plans by hand.
+pub(super) struct SparePlan(BatchPlan);
+
+impl SparePlan {
+    /// A spare plan of this thread's, or a new one, to plan a batch into.
+    pub(super) fn take() -> Self {
+        Self(take_spare(&SPARE_PLANS))
+    }
 }
 
-/// Keeps `plan` for a later batch on this thread, within the bounds.
-pub(super) fn keep_spare_plan(plan: BatchPlan) {
-    let bytes = plan.capacity_bytes();
-    keep_spare(&SPARE_PLANS, plan, bytes);
+impl std::ops::Deref for SparePlan {
+    type Target = BatchPlan;
+
+    fn deref(&self) -> &BatchPlan {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for SparePlan {
+    fn deref_mut(&mut self) -> &mut BatchPlan {
+        &mut self.0
+    }
+}
+
+impl Drop for SparePlan {
+    fn drop(&mut self) {
+        let plan = std::mem::take(&mut self.0);
+        let bytes = plan.capacity_bytes();
+        keep_spare(&SPARE_PLANS, plan, bytes);
+    }
 }
 
 /// An empty vector to hand a batch's ranges in ([`ReadBatch::ranges`]):
@@ -70,17 +92,11 @@ pub(super) fn keep_spare_ranges(ranges: Vec<ByteRange>) {
 /// The outcome of a batch. Its bytes live in the core's DMA slots until it
 /// is dropped.
 pub struct BatchResult {
-    pub(super) plan: BatchPlan,
+    pub(super) plan: SparePlan,
     pub(super) lease: SlotLease,
     pub(super) lane: Lane,
     /// Dropped with the result, after its bytes were sent.
     pub(super) _hold: Option<Hold>,
-}
-
-impl Drop for BatchResult {
-    fn drop(&mut self) {
-        keep_spare_plan(std::mem::take(&mut self.plan));
-    }
 }
 
 impl BatchResult {
@@ -91,7 +107,7 @@ impl BatchResult {
     }
 
     pub fn statuses(&self) -> &[RangeStatus] {
-        &self.plan.statuses
+        self.plan.statuses()
     }
 
     /// Fails range `index` for a reason found before it was read (a
@@ -103,13 +119,13 @@ impl BatchResult {
 
     /// Bytes of every `Ok` range, in request order.
     pub fn payload_bytes(&self) -> u64 {
-        self.plan.ok_bytes
+        self.plan.ok_bytes()
     }
 
     /// The pieces of range `index`'s bytes in order, each contiguous in a
     /// DMA region (none unless its status is `Ok`); RDMA writes from them.
     pub fn range_pieces(&self, index: usize) -> impl Iterator<Item = &[u8]> {
-        let pieces = if self.plan.statuses[index] == RangeStatus::Ok { self.plan.pieces_of(index) } else { &[] };
+        let pieces = if self.plan.statuses()[index] == RangeStatus::Ok { self.plan.pieces_of(index) } else { &[] };
         pieces.iter().map(|piece| self.piece_bytes(piece))
     }
 
@@ -117,7 +133,7 @@ impl BatchResult {
     /// vectored send after what `slices` holds (the response's head).
     pub fn push_io_slices<'a>(&'a self, slices: &mut Vec<IoSlice<'a>>) {
         slices.reserve(self.plan.pieces.len());
-        for (index, status) in self.plan.statuses.iter().enumerate() {
+        for (index, status) in self.plan.statuses().iter().enumerate() {
             if *status == RangeStatus::Ok {
                 slices.extend(self.plan.pieces_of(index).iter().map(|p| IoSlice::new(self.piece_bytes(p))));
             }

@@ -83,7 +83,7 @@ impl CoreEngine {
                 length_bytes: view.length_bytes,
                 widen_to_bytes: self.widen_for(&view),
             };
-            let mut plan = result::spare_plan();
+            let mut plan = result::SparePlan::take();
             plan_batch_into(&batch.ranges, geometry, &mut plan);
             // What this lane may ever use: a bulk batch never takes the
             // latency lane's reserve, so one that needs it is too large
@@ -94,7 +94,6 @@ impl CoreEngine {
                     let slots_needed = plan.slots_needed;
                     let _ = batch.reply.send(Err(SubmitError::TooLarge { slots_needed, capacity }));
                 }
-                result::keep_spare_plan(plan);
                 continue;
             }
             let lease = if self.pool.free_count() < plan.slots_needed as usize + reserve {
@@ -102,11 +101,8 @@ impl CoreEngine {
             } else {
                 self.pool.take(plan.slots_needed as usize)
             };
-            let Some(lease) = lease else {
-                // Planned again once slots come back.
-                result::keep_spare_plan(plan);
-                return;
-            };
+            // Without one, planned again once slots come back.
+            let Some(lease) = lease else { return };
             let Some((batch, mut probe)) = self.waiting[lane].pop_front() else { return };
             let ReadBatch { dataset, ranges, reply, hold, .. } = batch;
             result::keep_spare_ranges(ranges);

@@ -31,27 +31,27 @@ impl CoreEngine {
         let plan = &mut batch.plan;
         // Ranges fail only over bad blocks or unread bytes: without either
         // (nearly every batch) no range needs looking at.
-        let any_bad = !bad_spans.is_empty() || !batch.bad_ranges.is_empty();
-        let ranges = if any_bad { plan.statuses.len() } else { 0 };
-        for range in 0..ranges {
-            if plan.statuses[range] != RangeStatus::Ok {
-                continue;
-            }
-            let pieces = plan.pieces_of(range);
-            let Some(head) = pieces.first() else { continue };
-            let ns_start = plan.units[head.unit as usize].offset_bytes + u64::from(head.unit_offset_bytes);
-            let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
-            let start = ns_start - batch.view.base_offset_bytes;
-            if batch.bad_ranges.iter().any(|&(a, b)| a < ns_start + len && ns_start < b) {
-                plan.fail(range, RangeStatus::IoError);
-            } else if bad_spans.iter().any(|&(a, b)| a < start + len && start < b) {
-                plan.fail(range, RangeStatus::ChecksumMismatch);
+        if !bad_spans.is_empty() || !batch.bad_ranges.is_empty() {
+            for range in 0..plan.statuses().len() {
+                if plan.statuses()[range] != RangeStatus::Ok {
+                    continue;
+                }
+                let pieces = plan.pieces_of(range);
+                let Some(head) = pieces.first() else { continue };
+                let ns_start = plan.units[head.unit as usize].offset_bytes + u64::from(head.unit_offset_bytes);
+                let len: u64 = pieces.iter().map(|p| u64::from(p.len_bytes)).sum();
+                let start = ns_start - batch.view.base_offset_bytes;
+                if batch.bad_ranges.iter().any(|&(a, b)| a < ns_start + len && ns_start < b) {
+                    plan.fail(range, RangeStatus::IoError);
+                } else if bad_spans.iter().any(|&(a, b)| a < start + len && start < b) {
+                    plan.fail(range, RangeStatus::ChecksumMismatch);
+                }
             }
         }
         // The active table bounds these to one pair a batch slot.
         self.spare_unit_state.push((std::mem::take(&mut batch.unit_failed), std::mem::take(&mut batch.retries_left)));
         batch.probe.complete_ns = monotonic_ns(self.clock);
-        batch.probe.failed_ranges = plan.statuses.iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
+        batch.probe.failed_ranges = plan.statuses().iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
         sluice_probe_batch_complete(&batch.probe);
         let result = BatchResult { plan: batch.plan, lease: batch.lease, lane: batch.probe.lane(), _hold: batch.hold };
         // A closed reply means the requester left; dropping the result

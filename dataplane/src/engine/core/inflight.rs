@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct ActiveBatch {
     pub(super) slot: u32,
     pub(super) view: Arc<DatasetView>,
-    pub(super) plan: BatchPlan,
+    pub(super) plan: result::SparePlan,
     pub(super) lease: SlotLease,
     pub(super) units_pushed: usize,
     pub(super) units_done: usize,
