@@ -66,13 +66,14 @@ pub fn per_read(
     let large_crc = run(batches.1, true)?;
     let (reads_small, reads_large) = (batches.0 * BATCH as u64, batches.1 * BATCH as u64);
     let per_read = |small: u64, large: u64| (large as f64 - small as f64) / (reads_large - reads_small) as f64;
+    let instructions_per_read = per_read(small.instructions, large.instructions);
     Ok(InstructionCount {
         reads_small,
         reads_large,
         instructions_small: small.instructions,
         instructions_large: large.instructions,
-        instructions_per_read: per_read(small.instructions, large.instructions),
-        instructions_per_read_beside_crc: per_read(small.instructions, large.instructions)
+        instructions_per_read,
+        instructions_per_read_beside_crc: instructions_per_read
             - per_read(small_crc.instructions, large_crc.instructions),
         allocations_small: small.allocations,
         allocations_large: large.allocations,

@@ -305,6 +305,10 @@ impl<R: DatasetResolver> Connection<R> {
         tokio::pin!(work);
         loop {
             tokio::select! {
+                // The work first: most is ready at once (a frame already
+                // buffered, a credit free, room in the writer's queue, the
+                // core's inbox), and then the revocations are not polled.
+                biased;
                 done = &mut work => return Ok(done),
                 changed = revocations.changed() => {
                     if changed.is_err() {
@@ -372,14 +376,9 @@ impl<R: DatasetResolver> Connection<R> {
                     let range_count = request.range_count.get();
                     let lens = descriptors.iter().map(|d| d.len.get());
                     let admission = session.admit(request.handle.get(), lens, true)?;
-                    // A credit is nearly always free: take it without a wait.
-                    let permit = match Arc::clone(semaphore).try_acquire_owned() {
-                        Ok(permit) => permit,
-                        Err(_) => {
-                            let acquire = Arc::clone(semaphore).acquire_owned();
-                            self.unless_revoked(session, &mut revocations, acquire).await?.map_err(|_| closed())?
-                        }
-                    };
+                    let acquire = Arc::clone(semaphore).acquire_owned();
+                    let permit =
+                        self.unless_revoked(session, &mut revocations, acquire).await?.map_err(|_| closed())?;
                     let (slot, flow, counters, through) = match admission {
                         Admission::Refused(status) => {
                             let refused = Outgoing::Refused { batch_id, range_count, status, permit };
@@ -401,15 +400,8 @@ impl<R: DatasetResolver> Connection<R> {
                     let tally = Tally { counters, submitted: Instant::now() };
                     // A reader that stopped draining fills the writer's queue:
                     // a revocation must not wait behind it.
-                    let registration = Outgoing::Batch { tag, batch_id, range_count, permit, tally };
-                    match out.try_send(registration) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
-                        Err(mpsc::error::TrySendError::Full(registration)) => {
-                            let registered = out.send(registration);
-                            self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
-                        }
-                    }
+                    let registered = out.send(Outgoing::Batch { tag, batch_id, range_count, permit, tally });
+                    self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
                     let reply = Reply::queued(completions.clone(), tag);
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                     // A batch the data plane refuses drops its reply, which
@@ -493,9 +485,8 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                     None
                 }
                 Some(Outgoing::Refused { batch_id, range_count, status, permit }) => {
-                    let statuses = vec![sluice_proto::RangeStatus::IoError as u8; range_count as usize];
-                    wire::encode_batch_response_head(&mut head, batch_id, status, &statuses, 0);
-                    let written = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await;
+                    let failed = FailedBatch { batch_id, range_count, status };
+                    let written = failed.write(&mut writer, &mut head, &mut statuses, timeout).await;
                     drop(permit);
                     if !wrote(written, timeout, peer) {
                         break;
@@ -539,9 +530,8 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                 written
             }
             Err(status) => {
-                let statuses = vec![sluice_proto::RangeStatus::IoError as u8; batch.range_count as usize];
-                wire::encode_batch_response_head(&mut head, batch.batch_id, status, &statuses, 0);
-                tokio::time::timeout(timeout, write_all_flushed(&mut writer, &head)).await
+                let failed = FailedBatch { batch_id: batch.batch_id, range_count: batch.range_count, status };
+                failed.write(&mut writer, &mut head, &mut statuses, timeout).await
             }
         };
         drop(batch.permit);
@@ -551,6 +541,31 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
     }
     // Outcomes still queued drop here, which returns their DMA slots.
     let _ = writer.shutdown().await;
+}
+
+/// A batch answered whole with a failure status: refused before the data
+/// plane, or failed there.
+struct FailedBatch {
+    batch_id: u64,
+    range_count: u32,
+    status: BatchStatus,
+}
+
+impl FailedBatch {
+    /// Writes its response (every range `IoError`, no payload) through the
+    /// writer's reused `head` and `statuses` buffers.
+    async fn write<Wr: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut Wr,
+        head: &mut Vec<u8>,
+        statuses: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> Result<std::io::Result<()>, tokio::time::error::Elapsed> {
+        statuses.clear();
+        statuses.resize(self.range_count as usize, sluice_proto::RangeStatus::IoError as u8);
+        wire::encode_batch_response_head(head, self.batch_id, self.status, statuses, 0);
+        tokio::time::timeout(timeout, write_all_flushed(writer, head)).await
+    }
 }
 
 /// Whether a write went through; logs why not.
