@@ -65,8 +65,8 @@ pub struct BatchPlan {
     /// walks its pieces to size itself.
     ok_bytes: u64,
     /// Planning's scratch, kept for the next batch: the ranges with bytes
-    /// to read as `(I/O start, I/O end, start, end, index)`.
-    live: Vec<(u64, u64, u64, u64, u32)>,
+    /// to read as `I/O start << 32 | index`.
+    live: Vec<u128>,
 }
 
 impl BatchPlan {
@@ -101,7 +101,7 @@ impl BatchPlan {
             + self.units.capacity() * size_of::<IoUnit>()
             + self.pieces.capacity() * size_of::<Piece>()
             + self.range_pieces.capacity() * size_of::<(u32, u32)>()
-            + self.live.capacity() * size_of::<(u64, u64, u64, u64, u32)>()
+            + self.live.capacity() * size_of::<u128>()
     }
 }
 
@@ -114,12 +114,27 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
 
 /// Plans `ranges` against `geometry` into `plan`, replacing what it held
 /// and reusing its vectors.
+///
+/// Written for the served path's cost (it runs once per range on the
+/// core): sizes are powers of two, so rounding is masking; the ranges are
+/// sorted as one `u128` key each (I/O start, index), not as tuples; and an
+/// extent that fits one unit, as every small read's does, is cut into
+/// pieces without dividing.
 pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut BatchPlan) {
     let block = u64::from(geometry.block_size_bytes);
     let unit_max = u64::from(geometry.unit_bytes_max);
+    let granule = geometry.widen_to_bytes;
     assert!(block.is_power_of_two() && block <= IO_ALIGN_BYTES as u64, "block size {block}");
     assert!(unit_max.is_multiple_of(IO_ALIGN_BYTES as u64) && unit_max >= block, "unit size {unit_max}");
+    assert!(granule == 0 || granule.is_power_of_two(), "widening to {granule} bytes");
     assert!(geometry.base_offset_bytes.is_multiple_of(block), "dataset base not block-aligned");
+    assert!(ranges.len() <= u32::MAX as usize, "{} ranges in a batch", ranges.len());
+    let span = Spans {
+        base: geometry.base_offset_bytes,
+        length: geometry.length_bytes,
+        granule_mask: granule.saturating_sub(1),
+    };
+    let block_mask = block - 1;
 
     plan.statuses.clear();
     plan.statuses.resize(ranges.len(), RangeStatus::Ok);
@@ -128,40 +143,37 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
     plan.units.clear();
     plan.pieces.clear();
     plan.ok_bytes = 0;
-    // Ranges with bytes to read: (I/O start, I/O end, start, end, index),
-    // absolute; the I/O span is the range widened to granules if asked.
+    // Ranges with bytes to read, as (absolute I/O start << 32 | index):
+    // sorted, they are in I/O order.
     let mut live = std::mem::take(&mut plan.live);
     live.clear();
     live.reserve(ranges.len());
     for (index, range) in ranges.iter().enumerate() {
-        let end = range.offset_bytes.checked_add(u64::from(range.len_bytes));
-        match end {
+        let len = u64::from(range.len_bytes);
+        match range.offset_bytes.checked_add(len) {
             Some(end) if end <= geometry.length_bytes => {
-                plan.ok_bytes += u64::from(range.len_bytes);
-                if range.len_bytes > 0 {
-                    let base = geometry.base_offset_bytes;
-                    let (io_start, io_end) = match geometry.widen_to_bytes {
-                        0 => (range.offset_bytes, end),
-                        g => (range.offset_bytes / g * g, end.next_multiple_of(g).min(geometry.length_bytes)),
-                    };
-                    live.push((base + io_start, base + io_end, base + range.offset_bytes, base + end, index as u32));
+                plan.ok_bytes += len;
+                if len > 0 {
+                    live.push((u128::from(span.io_start(range)) << 32) | index as u128);
                 }
             }
             _ => plan.statuses[index] = RangeStatus::OutOfBounds,
         }
     }
-    live.sort_unstable_by_key(|live| live.0);
+    live.sort_unstable();
+    let index_of = |key: u128| (key & u128::from(u32::MAX)) as usize;
+    let io_start_of = |key: u128| (key >> 32) as u64;
 
     let namespace_end = geometry.base_offset_bytes + geometry.length_bytes;
     let mut packer = SlotPacker::new(geometry.unit_bytes_max);
     let mut cursor = 0;
     while cursor < live.len() {
         // Grow one extent over every range whose blocks touch it.
-        let extent_start = live[cursor].0 / block * block;
-        let mut extent_end = live[cursor].1.next_multiple_of(block);
+        let extent_start = io_start_of(live[cursor]) & !block_mask;
+        let mut extent_end = round_up(span.io_end(&ranges[index_of(live[cursor])]), block_mask);
         let mut last = cursor + 1;
-        while last < live.len() && live[last].0 / block * block <= extent_end {
-            extent_end = extent_end.max(live[last].1.next_multiple_of(block));
+        while last < live.len() && io_start_of(live[last]) & !block_mask <= extent_end {
+            extent_end = extent_end.max(round_up(span.io_end(&ranges[index_of(live[last])]), block_mask));
             last += 1;
         }
         let first_unit = plan.units.len() as u32;
@@ -179,23 +191,63 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
             });
             offset += len;
         }
-        for &(_, _, start, end, index) in &live[cursor..last] {
+        let one_unit = extent_end - extent_start <= unit_max;
+        for &key in &live[cursor..last] {
+            let index = index_of(key);
+            let (start, end) = span.bytes(&ranges[index]);
             let first_piece = plan.pieces.len() as u32;
-            let mut at = start;
-            while at < end {
-                let within = at - extent_start;
-                let unit = first_unit + (within / unit_max) as u32;
-                let unit_offset = within % unit_max;
-                let len = (end - at).min(unit_max - unit_offset);
-                plan.pieces.push(Piece { unit, unit_offset_bytes: unit_offset as u32, len_bytes: len as u32 });
-                at += len;
+            if one_unit {
+                let unit_offset_bytes = (start - extent_start) as u32;
+                plan.pieces.push(Piece { unit: first_unit, unit_offset_bytes, len_bytes: (end - start) as u32 });
+            } else {
+                let mut at = start;
+                while at < end {
+                    let within = at - extent_start;
+                    let unit = first_unit + (within / unit_max) as u32;
+                    let unit_offset = within % unit_max;
+                    let len = (end - at).min(unit_max - unit_offset);
+                    plan.pieces.push(Piece { unit, unit_offset_bytes: unit_offset as u32, len_bytes: len as u32 });
+                    at += len;
+                }
             }
-            plan.range_pieces[index as usize] = (first_piece, plan.pieces.len() as u32 - first_piece);
+            plan.range_pieces[index] = (first_piece, plan.pieces.len() as u32 - first_piece);
         }
         cursor = last;
     }
     plan.slots_needed = packer.slots_used();
     plan.live = live;
+}
+
+/// `value` rounded up to a multiple of `mask + 1` (a power of two);
+/// saturating, which only a namespace ending within `mask` of 2^64 meets.
+fn round_up(value: u64, mask: u64) -> u64 {
+    value.saturating_add(mask) & !mask
+}
+
+/// Where a range's bytes and its I/O lie in the namespace: at the
+/// dataset's base, the I/O widened to whole granules (a granule mask of
+/// zero widens nothing) but never past the dataset's end.
+struct Spans {
+    base: u64,
+    length: u64,
+    granule_mask: u64,
+}
+
+impl Spans {
+    /// The range's bytes, absolute. The range is in bounds.
+    fn bytes(&self, range: &ByteRange) -> (u64, u64) {
+        let start = self.base + range.offset_bytes;
+        (start, start + u64::from(range.len_bytes))
+    }
+
+    fn io_start(&self, range: &ByteRange) -> u64 {
+        self.base + (range.offset_bytes & !self.granule_mask)
+    }
+
+    fn io_end(&self, range: &ByteRange) -> u64 {
+        let end = range.offset_bytes + u64::from(range.len_bytes);
+        self.base + round_up(end, self.granule_mask).min(self.length)
+    }
 }
 
 /// Bump allocation of units into fixed-size slots.
@@ -338,6 +390,9 @@ mod tests {
             check_plan(&data, &ranges, geometry(len as u64, 1 << block_shift));
             let widened = PlanGeometry { widen_to_bytes: 65_536, ..geometry(len as u64, 1 << block_shift) };
             check_plan(&data, &ranges, widened);
+            // A dataset that starts deep in its namespace plans the same.
+            let placed = PlanGeometry { base_offset_bytes: (1 << 40) + 3 * 4096, ..widened };
+            check_plan(&data, &ranges, placed);
         }
 
         /// A plan planned again over what an earlier batch left in it is the

@@ -9,6 +9,7 @@
 //! the node's alone and must not be a dependency of the client.
 
 pub mod config;
+pub mod deadline;
 pub mod metrics;
 #[cfg(feature = "rdma")]
 pub mod rc;

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
+use crate::deadline;
 use crate::metrics::{settle_outcome, DatasetCounters};
 use crate::read_through;
 use crate::session::DatasetResolver;
@@ -348,9 +349,7 @@ impl<R: DatasetResolver> Connection<R> {
             let frame = async {
                 match deadline {
                     // The deadline bounds the whole frame, a slow trickle included.
-                    Some((at, why)) => {
-                        tokio::time::timeout_at(at.into(), frame).await.map_err(|_| Fatal::Deadline(why))?
-                    }
+                    Some((at, why)) => deadline::until(at.into(), frame).await.map_err(|_| Fatal::Deadline(why))?,
                     None => frame.await,
                 }
             };
@@ -478,7 +477,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
             next = queues.outgoing.recv(), if open => match next {
                 None => { open = false; None }
                 Some(Outgoing::Control(frame)) => {
-                    let written = tokio::time::timeout(timeout, write_all_flushed(&mut writer, &frame)).await;
+                    let written = deadline::within(timeout, write_all_flushed(&mut writer, &frame)).await;
                     if !wrote(written, timeout, peer) {
                         break;
                     }
@@ -525,7 +524,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                 slices.push(IoSlice::new(&head));
                 result.push_io_slices(&mut slices);
                 let within = drain.within(head.len() as u64 + payload_bytes);
-                let written = tokio::time::timeout(within, write_all_vectored(&mut writer, &mut slices)).await;
+                let written = deadline::within(within, write_all_vectored(&mut writer, &mut slices)).await;
                 spare_slices = recycled(slices);
                 written
             }
@@ -564,7 +563,7 @@ impl FailedBatch {
         statuses.clear();
         statuses.resize(self.range_count as usize, sluice_proto::RangeStatus::IoError as u8);
         wire::encode_batch_response_head(head, self.batch_id, self.status, statuses, 0);
-        tokio::time::timeout(timeout, write_all_flushed(writer, head)).await
+        deadline::within(timeout, write_all_flushed(writer, head)).await
     }
 }
 
