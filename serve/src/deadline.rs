@@ -18,19 +18,21 @@ use tokio::time::Instant;
 /// Runs `work`; if it does not finish at once, gives it until `limit`
 /// from now.
 pub async fn within<F: Future>(limit: Duration, work: F) -> Result<F::Output, Elapsed> {
-    let mut work = pin!(work);
-    match std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
-        Poll::Ready(done) => Ok(done),
-        Poll::Pending => tokio::time::timeout(limit, work).await,
-    }
+    at_once_or_by(work, || Instant::now() + limit).await
 }
 
 /// Runs `work`; if it does not finish at once, gives it until `at`.
 pub async fn until<F: Future>(at: Instant, work: F) -> Result<F::Output, Elapsed> {
+    at_once_or_by(work, || at).await
+}
+
+/// Polls `work` once; only if it waits is the deadline (read from the
+/// clock, if it needs it) taken and a timer armed.
+async fn at_once_or_by<F: Future>(work: F, deadline: impl FnOnce() -> Instant) -> Result<F::Output, Elapsed> {
     let mut work = pin!(work);
     match std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
         Poll::Ready(done) => Ok(done),
-        Poll::Pending => tokio::time::timeout_at(at, work).await,
+        Poll::Pending => tokio::time::timeout_at(deadline(), work).await,
     }
 }
 
@@ -41,7 +43,7 @@ mod tests {
     /// Ready work finishes; waiting work finishes within its deadline or
     /// is cut off at it.
     #[tokio::test]
-    async fn ready_work_needs_no_timer_and_waiting_work_still_times_out() {
+    async fn ready_work_finishes_and_waiting_work_is_cut_off_at_its_deadline() {
         assert_eq!(within(Duration::from_millis(50), async { 7 }).await.ok(), Some(7));
         let never = std::future::pending::<()>();
         assert!(within(Duration::from_millis(50), never).await.is_err());
