@@ -124,6 +124,7 @@ impl CoreEngine {
                 lease,
                 units_pushed: 0,
                 units_done: 0,
+                pushing: false,
                 unit_failed,
                 retries: VecDeque::new(),
                 retries_left,
@@ -135,6 +136,8 @@ impl CoreEngine {
             });
             if units == 0 {
                 self.complete(active_index);
+            } else {
+                self.queue_to_push(active_index);
             }
         }
     }

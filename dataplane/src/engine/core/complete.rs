@@ -24,6 +24,7 @@ impl CoreEngine {
     /// Settles the statuses of a finished batch and replies.
     pub(super) fn complete(&mut self, index: usize) {
         let mut batch = self.active[index].take().expect("completing an idle batch slot");
+        assert!(!batch.pushing, "a batch completed with reads still to push");
         self.active_free.push(index);
         self.slot_batches[batch.slot as usize] -= 1;
         // Bad dataset byte spans: whole blocks.

@@ -12,6 +12,8 @@ pub(super) struct ActiveBatch {
     pub(super) lease: SlotLease,
     pub(super) units_pushed: usize,
     pub(super) units_done: usize,
+    /// In its lane's [`CoreEngine::to_push`] queue.
+    pub(super) pushing: bool,
     /// Units that did not read back whole; their chunks are not verified.
     pub(super) unit_failed: Vec<bool>,
     /// Single-block reads that isolate the bad blocks of failed units.
@@ -47,14 +49,15 @@ impl CoreEngine {
         self.push_lane_units(Lane::Bulk, bulk_in_flight_max.max(1));
     }
 
-    /// Pushes the units of `lane`'s active batches while fewer than
-    /// `in_flight_max` reads are in the queue.
+    /// Pushes the units of `lane`'s batches that have some to push, in
+    /// admission order, while fewer than `in_flight_max` reads are in the
+    /// queue. Only those batches are visited ([`CoreEngine::to_push`]), not
+    /// the whole active table.
     pub(super) fn push_lane_units(&mut self, lane: Lane, in_flight_max: u32) {
-        for index in 0..self.active.len() {
-            let Some(batch) = self.active[index].as_mut() else { continue };
-            if batch.probe.lane() != lane {
-                continue;
-            }
+        let to_push = &mut self.to_push[lane.index()];
+        while let Some(&index) = to_push.front() {
+            let batch = self.active[index].as_mut().expect("a batch to push is active");
+            debug_assert_eq!(batch.probe.lane(), lane, "a batch pushed in another lane's turn");
             while let Some(&(unit_index, block)) = batch.retries.front() {
                 if self.queue.in_flight() >= in_flight_max {
                     return;
@@ -76,12 +79,13 @@ impl CoreEngine {
                 }
                 batch.retries.pop_front();
             }
-            while batch.units_pushed < batch.plan.units.len() {
+            let units = &batch.plan.units;
+            while batch.units_pushed < units.len() {
                 if self.queue.in_flight() >= in_flight_max {
                     return;
                 }
                 let unit_index = batch.units_pushed;
-                let unit = batch.plan.units[unit_index];
+                let unit = units[unit_index];
                 let buf = batch
                     .lease
                     .arena()
@@ -101,6 +105,20 @@ impl CoreEngine {
                 }
                 batch.units_pushed += 1;
             }
+            batch.pushing = false;
+            to_push.pop_front();
+        }
+    }
+
+    /// Queues active batch `index` to have its units or retries pushed in
+    /// its lane's turn, unless it is queued already.
+    pub(super) fn queue_to_push(&mut self, index: usize) {
+        let batch = self.active[index].as_mut().expect("queueing an idle batch slot");
+        if !batch.pushing {
+            batch.pushing = true;
+            let to_push = &mut self.to_push[batch.probe.lane().index()];
+            assert!(to_push.len() < self.active.len(), "more batches to push than batch slots");
+            to_push.push_back(index);
         }
     }
 
@@ -113,6 +131,7 @@ impl CoreEngine {
             let unit_index = (completion.tag & u64::from(u32::MAX)) as usize;
             let batch = self.active[index].as_mut().expect("completion for an idle batch slot");
             let unit = batch.plan.units[unit_index];
+            let mut retried = false;
             let finished_unit = if completion.tag & TAG_RETRY != 0 {
                 let block = ((completion.tag >> 32) & 0x7fff) as u32;
                 let start = unit.offset_bytes + u64::from(block * batch.block_size_bytes);
@@ -141,6 +160,7 @@ impl CoreEngine {
                 } else {
                     batch.retries.extend((0..blocks).map(|b| (unit_index as u32, b)));
                     batch.retries_left[unit_index] = blocks;
+                    retried = true;
                     false
                 }
             };
@@ -150,6 +170,9 @@ impl CoreEngine {
                 if batch.units_done == batch.plan.units.len() {
                     self.complete(index);
                 }
+            }
+            if retried {
+                self.queue_to_push(index);
             }
         }
         self.completions = completions;

@@ -58,6 +58,10 @@ pub(super) struct CoreEngine {
     decisions: Option<Arc<dyn LaneDecisions>>,
     active: Vec<Option<ActiveBatch>>,
     active_free: Vec<usize>,
+    /// Per lane, latency first: the active batches with units or block
+    /// retries still to push, in admission order, so pushing visits only
+    /// them. Each holds at most one entry a batch slot (`pushing`).
+    to_push: [VecDeque<usize>; 2],
     /// Per-unit state vectors (failed, retries left) of finished batches,
     /// kept for the next: at most one pair per active batch slot.
     spare_unit_state: Vec<(Vec<bool>, Vec<u32>)>,
@@ -102,6 +106,7 @@ impl CoreEngine {
             decisions: None,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
+            to_push: [VecDeque::with_capacity(active_max), VecDeque::with_capacity(active_max)],
             spare_unit_state: Vec::with_capacity(active_max),
             completions: Vec::with_capacity(REAP_MAX),
             batches_waiting_max: config.batches_waiting_max.max(1),
@@ -211,10 +216,7 @@ impl CoreEngine {
     /// Whether an admitted batch still has units or block retries that did
     /// not fit the queue.
     fn units_to_push(&self) -> bool {
-        self.active
-            .iter()
-            .flatten()
-            .any(|batch| batch.units_pushed < batch.plan.units.len() || !batch.retries.is_empty())
+        self.to_push.iter().any(|lane| !lane.is_empty())
     }
 
     /// Sleeps until a message arrives. Slot returns wake it through `Wake`.
