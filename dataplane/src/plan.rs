@@ -65,8 +65,9 @@ pub struct BatchPlan {
     /// walks its pieces to size itself.
     ok_bytes: u64,
     /// Planning's scratch, kept for the next batch: the ranges with bytes
-    /// to read as `I/O start << 32 | index`.
-    live: Vec<u128>,
+    /// to read as [`OrderKey`]s, narrow where they fit (nearly always).
+    live_narrow: Vec<u64>,
+    live_wide: Vec<u128>,
 }
 
 impl BatchPlan {
@@ -101,7 +102,8 @@ impl BatchPlan {
             + self.units.capacity() * size_of::<IoUnit>()
             + self.pieces.capacity() * size_of::<Piece>()
             + self.range_pieces.capacity() * size_of::<(u32, u32)>()
-            + self.live.capacity() * size_of::<u128>()
+            + self.live_narrow.capacity() * size_of::<u64>()
+            + self.live_wide.capacity() * size_of::<u128>()
     }
 }
 
@@ -117,9 +119,10 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
 ///
 /// Written for the served path's cost (it runs once per range on the
 /// core): sizes are powers of two, so rounding is masking; the ranges are
-/// sorted as one `u128` key each (I/O start, index), not as tuples; and an
-/// extent that fits one unit, as every small read's does, is cut into
-/// pieces without dividing.
+/// sorted as one integer key each ([`OrderKey`]: a `u64` unless the
+/// dataset's blocks and the batch's ranges need more bits), not as tuples;
+/// and an extent that fits one unit, as every small read's does, is cut
+/// into pieces without dividing.
 pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut BatchPlan) {
     let block = u64::from(geometry.block_size_bytes);
     let unit_max = u64::from(geometry.unit_bytes_max);
@@ -129,12 +132,6 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
     assert!(granule == 0 || granule.is_power_of_two(), "widening to {granule} bytes");
     assert!(geometry.base_offset_bytes.is_multiple_of(block), "dataset base not block-aligned");
     assert!(ranges.len() <= u32::MAX as usize, "{} ranges in a batch", ranges.len());
-    let span = Spans {
-        base: geometry.base_offset_bytes,
-        length: geometry.length_bytes,
-        granule_mask: granule.saturating_sub(1),
-    };
-    let block_mask = block - 1;
 
     plan.statuses.clear();
     plan.statuses.resize(ranges.len(), RangeStatus::Ok);
@@ -143,9 +140,100 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
     plan.units.clear();
     plan.pieces.clear();
     plan.ok_bytes = 0;
-    // Ranges with bytes to read, as (absolute I/O start << 32 | index):
-    // sorted, they are in I/O order.
-    let mut live = std::mem::take(&mut plan.live);
+    let order = KeyLayout {
+        block_shift: block.trailing_zeros(),
+        index_bits: usize::BITS - ranges.len().saturating_sub(1).leading_zeros(),
+    };
+    if order.fits::<u64>(geometry.length_bytes) {
+        let mut live = std::mem::take(&mut plan.live_narrow);
+        plan_in_order(ranges, geometry, order, plan, &mut live);
+        plan.live_narrow = live;
+    } else {
+        let mut live = std::mem::take(&mut plan.live_wide);
+        plan_in_order(ranges, geometry, order, plan, &mut live);
+        plan.live_wide = live;
+    }
+}
+
+/// A range's place in I/O order as one integer: the block its I/O starts
+/// at (counted from the dataset's base) above its index in the batch, so
+/// sorted keys are in I/O order and name their range.
+trait OrderKey: Copy + Ord {
+    const BITS: u32;
+    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self;
+    fn start_block(self, layout: KeyLayout) -> u64;
+    fn index(self, layout: KeyLayout) -> usize;
+}
+
+impl OrderKey for u64 {
+    const BITS: u32 = u64::BITS;
+
+    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self {
+        (start_block << layout.index_bits) | index as u64
+    }
+
+    fn start_block(self, layout: KeyLayout) -> u64 {
+        self >> layout.index_bits
+    }
+
+    fn index(self, layout: KeyLayout) -> usize {
+        (self & layout.index_mask()) as usize
+    }
+}
+
+impl OrderKey for u128 {
+    const BITS: u32 = u128::BITS;
+
+    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self {
+        (u128::from(start_block) << layout.index_bits) | index as u128
+    }
+
+    fn start_block(self, layout: KeyLayout) -> u64 {
+        (self >> layout.index_bits) as u64
+    }
+
+    fn index(self, layout: KeyLayout) -> usize {
+        (self & u128::from(layout.index_mask())) as usize
+    }
+}
+
+/// How [`OrderKey`]s are packed for one batch.
+#[derive(Clone, Copy)]
+struct KeyLayout {
+    block_shift: u32,
+    /// Bits of a range's index: enough for the batch's last.
+    index_bits: u32,
+}
+
+impl KeyLayout {
+    /// Whether every block of a dataset of `length_bytes` packs into `K`
+    /// beside every index.
+    fn fits<K: OrderKey>(self, length_bytes: u64) -> bool {
+        let blocks_max = length_bytes >> self.block_shift;
+        (K::BITS - self.index_bits) >= u64::BITS - blocks_max.leading_zeros()
+    }
+
+    fn index_mask(self) -> u64 {
+        1u64.checked_shl(self.index_bits).map_or(u64::MAX, |bit| bit - 1)
+    }
+}
+
+/// The plan proper, past the checks and resets of [`plan_batch_into`]:
+/// statuses, the sorted keys in `live`, then extents, units and pieces.
+fn plan_in_order<K: OrderKey>(
+    ranges: &[ByteRange],
+    geometry: PlanGeometry,
+    order: KeyLayout,
+    plan: &mut BatchPlan,
+    live: &mut Vec<K>,
+) {
+    let block_mask = u64::from(geometry.block_size_bytes) - 1;
+    let unit_max = u64::from(geometry.unit_bytes_max);
+    let span = Spans {
+        base: geometry.base_offset_bytes,
+        length: geometry.length_bytes,
+        granule_mask: geometry.widen_to_bytes.saturating_sub(1),
+    };
     live.clear();
     live.reserve(ranges.len());
     for (index, range) in ranges.iter().enumerate() {
@@ -154,26 +242,26 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
             Some(end) if end <= geometry.length_bytes => {
                 plan.ok_bytes += len;
                 if len > 0 {
-                    live.push((u128::from(span.io_start(range)) << 32) | index as u128);
+                    let start_block = span.io_start_within(range) >> order.block_shift;
+                    live.push(K::pack(start_block, index, order));
                 }
             }
             _ => plan.statuses[index] = RangeStatus::OutOfBounds,
         }
     }
     live.sort_unstable();
-    let index_of = |key: u128| (key & u128::from(u32::MAX)) as usize;
-    let io_start_of = |key: u128| (key >> 32) as u64;
+    let extent_start_of = |key: K| span.base + (key.start_block(order) << order.block_shift);
 
     let namespace_end = geometry.base_offset_bytes + geometry.length_bytes;
     let mut packer = SlotPacker::new(geometry.unit_bytes_max);
     let mut cursor = 0;
     while cursor < live.len() {
         // Grow one extent over every range whose blocks touch it.
-        let extent_start = io_start_of(live[cursor]) & !block_mask;
-        let mut extent_end = round_up(span.io_end(&ranges[index_of(live[cursor])]), block_mask);
+        let extent_start = extent_start_of(live[cursor]);
+        let mut extent_end = round_up(span.io_end(&ranges[live[cursor].index(order)]), block_mask);
         let mut last = cursor + 1;
-        while last < live.len() && io_start_of(live[last]) & !block_mask <= extent_end {
-            extent_end = extent_end.max(round_up(span.io_end(&ranges[index_of(live[last])]), block_mask));
+        while last < live.len() && extent_start_of(live[last]) <= extent_end {
+            extent_end = extent_end.max(round_up(span.io_end(&ranges[live[last].index(order)]), block_mask));
             last += 1;
         }
         let first_unit = plan.units.len() as u32;
@@ -193,7 +281,7 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
         }
         let one_unit = extent_end - extent_start <= unit_max;
         for &key in &live[cursor..last] {
-            let index = index_of(key);
+            let index = key.index(order);
             let (start, end) = span.bytes(&ranges[index]);
             let first_piece = plan.pieces.len() as u32;
             if one_unit {
@@ -215,7 +303,6 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
         cursor = last;
     }
     plan.slots_needed = packer.slots_used();
-    plan.live = live;
 }
 
 /// `value` rounded up to a multiple of `mask + 1` (a power of two);
@@ -240,8 +327,9 @@ impl Spans {
         (start, start + u64::from(range.len_bytes))
     }
 
-    fn io_start(&self, range: &ByteRange) -> u64 {
-        self.base + (range.offset_bytes & !self.granule_mask)
+    /// Where the range's I/O starts, from the dataset's base.
+    fn io_start_within(&self, range: &ByteRange) -> u64 {
+        range.offset_bytes & !self.granule_mask
     }
 
     fn io_end(&self, range: &ByteRange) -> u64 {
@@ -371,6 +459,55 @@ mod tests {
         assert_eq!(plan.units[0].len_bytes, 8192);
         assert_eq!(plan.units[0].needed_bytes, 4100);
         check_plan(&vec![7u8; 4100], &[range(4000, 100)], geometry(4100, 4096));
+    }
+
+    /// Keys pack into a `u64` while the dataset's blocks and the batch's
+    /// indices fit it together, and no further.
+    #[test]
+    fn keys_are_narrow_only_where_they_fit() {
+        assert!(layout(12, 4096).fits::<u64>(1 << 40));
+        assert!(layout(9, 1).fits::<u64>(u64::MAX));
+        // 2^53 blocks need 54 bits; 2048 ranges 11 more.
+        assert!(layout(9, 1024).fits::<u64>(1 << 62));
+        assert!(!layout(9, 2048).fits::<u64>(1 << 62));
+        assert!(layout(9, u32::MAX as usize).fits::<u128>(u64::MAX));
+        let key = <u64 as OrderKey>::pack(5, 3, layout(12, 4));
+        assert_eq!((key.start_block(layout(12, 4)), key.index(layout(12, 4))), (5, 3));
+    }
+
+    fn layout(block_shift: u32, ranges: usize) -> KeyLayout {
+        KeyLayout { block_shift, index_bits: usize::BITS - ranges.saturating_sub(1).leading_zeros() }
+    }
+
+    /// A plan of `ranges` made with keys of type `K`.
+    fn plan_with_keys<K: OrderKey>(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
+        let mut plan = BatchPlan::default();
+        plan.statuses.resize(ranges.len(), RangeStatus::Ok);
+        plan.range_pieces.resize(ranges.len(), (0, 0));
+        let order = layout(geometry.block_size_bytes.trailing_zeros(), ranges.len());
+        plan_in_order(ranges, geometry, order, &mut plan, &mut Vec::<K>::new());
+        plan
+    }
+
+    proptest! {
+        /// Wide keys plan exactly as narrow ones do.
+        #[test]
+        fn key_widths_plan_alike(
+            len in 1u64..(1 << 40),
+            block_shift in 9u32..=12,
+            widen in prop_oneof![Just(0u64), Just(4096u64)],
+            raw in proptest::collection::vec((any::<u64>(), 0u32..300_000), 1..40),
+        ) {
+            let ranges: Vec<ByteRange> = raw.iter().map(|&(o, l)| range(o % (len + 100), l)).collect();
+            let geometry = PlanGeometry { widen_to_bytes: widen, ..geometry(len, 1 << block_shift) };
+            let (narrow, wide) = (plan_with_keys::<u64>(&ranges, geometry), plan_with_keys::<u128>(&ranges, geometry));
+            prop_assert_eq!(&narrow.statuses, &wide.statuses);
+            prop_assert_eq!(&narrow.units, &wide.units);
+            prop_assert_eq!(&narrow.pieces, &wide.pieces);
+            prop_assert_eq!(&narrow.range_pieces, &wide.range_pieces);
+            prop_assert_eq!(narrow.slots_needed, wide.slots_needed);
+            prop_assert_eq!(narrow.ok_bytes, wide.ok_bytes);
+        }
     }
 
     proptest! {
