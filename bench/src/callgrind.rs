@@ -2,7 +2,11 @@
 //! allocations per batch, counted by callgrind: deterministic where wall
 //! time is noise. Two runs of the node serve different fixed numbers of
 //! reads; the difference of their totals divided by the difference in
-//! reads cancels start-up and shutdown.
+//! reads cancels start-up and shutdown. Each run starts from the node's
+//! data directory as it was before any run (kept aside and put back): a
+//! node changes its catalog as it runs, and a later run's start-up and
+//! shutdown (the catalog's last commit) over a catalog an earlier run
+//! changed would not cancel.
 //!
 //! A second pair of runs counts only the instructions spent inside
 //! [`sluice_dataplane::blocks::block_crc`] (`--toggle-collect` collects
@@ -59,7 +63,15 @@ pub fn per_read(
     work_dir: &Path,
     batches: (u64, u64),
 ) -> Result<InstructionCount, String> {
-    let run = |batches, crc_only| run_once(runtime, sluiced, data_dir, dataset, work_dir, batches, crc_only);
+    let pristine = work_dir.join("node.before-runs");
+    let _ = std::fs::remove_dir_all(&pristine);
+    copy_tree(data_dir, &pristine).map_err(|e| format!("keeping {} aside: {e}", data_dir.display()))?;
+    let run = |batches, crc_only| {
+        // Every run starts where the first did.
+        std::fs::remove_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+        copy_tree(&pristine, data_dir).map_err(|e| format!("restoring {}: {e}", data_dir.display()))?;
+        run_once(runtime, sluiced, data_dir, dataset, work_dir, batches, crc_only)
+    };
     let small = run(batches.0, false)?;
     let large = run(batches.1, false)?;
     let small_crc = run(batches.0, true)?;
@@ -126,6 +138,23 @@ fn run_once(
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| format!("no totals in {}", out.display()))?;
     Ok(Totals { instructions, allocations: calls_to(&text, &ALLOCATORS) })
+}
+
+/// Copies the directory tree at `from` to `to` (files and directories;
+/// a node's data directory holds nothing else), keeping permissions.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// Calls of the functions named `names` in a callgrind output: the sum of

@@ -14,7 +14,7 @@
 //! out, RDMA has already posted the receives and so counts an excess as a
 //! protocol error.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,7 +184,9 @@ struct Handle {
 pub struct Session {
     limits: SessionLimits,
     greeted: bool,
-    handles: HashMap<u32, Handle>,
+    /// By handle. The node numbers handles, so a client chooses no key and
+    /// a fast hash (not a keyed one) is safe: this is looked up every batch.
+    handles: FxHashMap<u32, Handle>,
     next_handle: u32,
     /// The grants open handles were made under, with a dataset name each
     /// (for the farewell); bounded by the handle limit.
@@ -204,7 +206,7 @@ impl Session {
         Self {
             limits,
             greeted: false,
-            handles: HashMap::new(),
+            handles: FxHashMap::default(),
             next_handle: 1,
             granted: Vec::new(),
             started: now,

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{spare_ranges, BatchCompletion, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -460,7 +461,9 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
 ) {
     let timeout = drain.write_timeout;
     // The credits bound the batches in flight, so none of these grows.
-    let mut in_flight: HashMap<u64, InFlight> = HashMap::with_capacity(credits);
+    // By tag. The reader numbers the tags, so no client chooses a key and
+    // a fast hash (not a keyed one) is safe.
+    let mut in_flight: FxHashMap<u64, InFlight> = FxHashMap::with_capacity_and_hasher(credits, Default::default());
     // Outcomes that overtook their batch's registration (never, as the
     // reader registers before it submits; kept for safety, not speed).
     let mut early: Vec<BatchCompletion> = Vec::new();

@@ -65,7 +65,8 @@ struct Reading {
 /// come back under: no channel or task of its own a batch.
 struct Batches {
     queue: mpsc::UnboundedSender<BatchCompletion>,
-    reading: HashMap<u64, Reading>,
+    /// By tag; the connection numbers them, so a fast hash is safe.
+    reading: FxHashMap<u64, Reading>,
     next_tag: u64,
 }
 
@@ -228,7 +229,8 @@ impl<R: DatasetResolver> Connection<R> {
         let mut revocations = self.resolver.revocations();
         let (queue, mut outcomes) = mpsc::unbounded_channel();
         let credits = self.session.limits().credits as usize;
-        let mut batches = Batches { queue, reading: HashMap::with_capacity(credits), next_tag: 0 };
+        let mut batches =
+            Batches { queue, reading: FxHashMap::with_capacity_and_hasher(credits, Default::default()), next_tag: 0 };
         let mut completions = Vec::with_capacity(64);
         // A response whose SEND never completes (a client that stopped
         // posting receives is cut off by the RNR limit; a wedged link is

@@ -5,11 +5,12 @@
 //! beside its own queue and sockets: a batch is received, read and written
 //! back on one thread, as over TCP.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
 use sluice_dataplane::{
     spare_ranges, BatchCompletion, BatchResult, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply,
 };

@@ -55,11 +55,13 @@ impl CoreEngine {
     /// the whole active table.
     pub(super) fn push_lane_units(&mut self, lane: Lane, in_flight_max: u32) {
         let to_push = &mut self.to_push[lane.index()];
+        // Counted here rather than asked of the queue a read.
+        let mut room = in_flight_max.saturating_sub(self.queue.in_flight());
         while let Some(&index) = to_push.front() {
             let batch = self.active[index].as_mut().expect("a batch to push is active");
             debug_assert_eq!(batch.probe.lane(), lane, "a batch pushed in another lane's turn");
             while let Some(&(unit_index, block)) = batch.retries.front() {
-                if self.queue.in_flight() >= in_flight_max {
+                if room == 0 {
                     return;
                 }
                 let unit = batch.plan.units[unit_index as usize];
@@ -78,10 +80,11 @@ impl CoreEngine {
                     return;
                 }
                 batch.retries.pop_front();
+                room -= 1;
             }
             let units = &batch.plan.units;
             while batch.units_pushed < units.len() {
-                if self.queue.in_flight() >= in_flight_max {
+                if room == 0 {
                     return;
                 }
                 let unit_index = batch.units_pushed;
@@ -104,6 +107,7 @@ impl CoreEngine {
                     return;
                 }
                 batch.units_pushed += 1;
+                room -= 1;
             }
             batch.pushing = false;
             to_push.pop_front();
