@@ -92,7 +92,18 @@ pub(super) struct Connection<R> {
     /// Held until the first dataset opens: the place in the small pool of
     /// connections that have not authenticated.
     pre_auth: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A response's bytes before they go to its send slot.
     scratch: Vec<u8>,
+    /// Kept from one response to the next, so a response allocates none:
+    /// its WRITEs' SGEs and groups ([`plan_writes`]), its range statuses,
+    /// and its work requests (empty between responses).
+    sges: Vec<Sge>,
+    writes: Vec<(usize, usize, u64)>,
+    statuses: Vec<u8>,
+    spare_requests: Vec<SendWr<'static>>,
+    /// Destination lists of answered batches, for the next requests' (at
+    /// most one a credit).
+    spare_dests: Vec<Vec<u64>>,
 }
 
 /// RDMA connections set up (queue pair, registered message slots) that
@@ -172,6 +183,11 @@ impl<R: DatasetResolver> Connection<R> {
             session,
             pre_auth: None,
             scratch: Vec::with_capacity(RESPONSE_SLOT_BYTES),
+            sges: Vec::new(),
+            writes: Vec::new(),
+            statuses: Vec::new(),
+            spare_requests: Vec::new(),
+            spare_dests: Vec::with_capacity(credits as usize),
         })
     }
 
@@ -331,7 +347,7 @@ impl<R: DatasetResolver> Connection<R> {
                     // reposted until after this copy is made.
                     let bytes = unsafe { self.recv.slot(slot as usize) };
                     let len = (wc.byte_len as usize).min(bytes.len());
-                    decode(&bytes[..len])
+                    decode(&bytes[..len], &mut self.spare_dests)
                 };
                 // SAFETY: as in `setup`; the slot's bytes were copied out.
                 unsafe {
@@ -449,8 +465,8 @@ impl<R: DatasetResolver> Connection<R> {
     /// Posts one response; gives it back when there is no room yet.
     fn post(&mut self, outgoing: Outgoing) -> Result<Result<(), Outgoing>, Fatal> {
         let Some(&slot) = self.free_send.last() else { return Ok(Err(outgoing)) };
-        let mut sges = Vec::new();
-        let mut writes: Vec<(usize, usize, u64)> = Vec::new();
+        self.sges.clear();
+        self.writes.clear();
         match outgoing {
             Outgoing::Control(ref frame) => {
                 if self.send_queue_free < 1 {
@@ -460,17 +476,24 @@ impl<R: DatasetResolver> Connection<R> {
                 self.scratch.extend_from_slice(frame);
             }
             Outgoing::Batch(ref completed) => {
-                let (status, statuses, written) = match &completed.outcome {
+                self.statuses.clear();
+                let (status, written) = match &completed.outcome {
                     Ok(batch) => {
-                        let written = self.gather(batch, &completed.target, &mut sges, &mut writes);
-                        (BatchStatus::Ok, batch.statuses().iter().map(|s| *s as u8).collect(), written)
+                        let per_write = self.qp.caps().send_sge.max(1) as usize;
+                        let written =
+                            gather(batch, &completed.target, per_write, &self.device, &mut self.sges, &mut self.writes);
+                        self.statuses.extend(batch.statuses().iter().map(|s| *s as u8));
+                        (BatchStatus::Ok, written)
                     }
-                    Err(status) => (*status, vec![RangeStatus::IoError as u8; completed.range_count as usize], Some(0)),
+                    Err(status) => {
+                        self.statuses.resize(completed.range_count as usize, RangeStatus::IoError as u8);
+                        (*status, Some(0))
+                    }
                 };
                 let Some(written) = written else {
                     return Err(Fatal::Protocol("a batch's bytes lie outside the registered arenas".into()));
                 };
-                let needed = writes.len() as u32 + 1;
+                let needed = self.writes.len() as u32 + 1;
                 if needed > self.qp.caps().send_wr {
                     tracing::warn!(client = self.client_id, "batch needs {needed} work requests; refusing it");
                     let Outgoing::Batch(completed) = outgoing else { unreachable!("matched above") };
@@ -480,7 +503,13 @@ impl<R: DatasetResolver> Connection<R> {
                 if needed > self.send_queue_free {
                     return Ok(Err(outgoing));
                 }
-                wire::encode_rdma_batch_response(&mut self.scratch, completed.batch_id, status, &statuses, written);
+                wire::encode_rdma_batch_response(
+                    &mut self.scratch,
+                    completed.batch_id,
+                    status,
+                    &self.statuses,
+                    written,
+                );
             }
         }
         assert!(self.scratch.len() <= RESPONSE_SLOT_BYTES, "response larger than its slot");
@@ -494,15 +523,13 @@ impl<R: DatasetResolver> Connection<R> {
             Outgoing::Batch(completed) => (completed.target.remote_addr, completed.target.rkey),
             Outgoing::Control(_) => (0, 0),
         };
-        let mut requests: Vec<SendWr<'_>> = writes
-            .iter()
-            .map(|&(first, count, dest)| SendWr {
-                wr_id: WR_WRITE | u64::from(slot),
-                op: SendOp::Write { remote_addr: remote_addr + dest, rkey },
-                sges: &sges[first..first + count],
-                signaled: false,
-            })
-            .collect();
+        let mut requests = recycled(std::mem::take(&mut self.spare_requests));
+        requests.extend(self.writes.iter().map(|&(first, count, dest)| SendWr {
+            wr_id: WR_WRITE | u64::from(slot),
+            op: SendOp::Write { remote_addr: remote_addr + dest, rkey },
+            sges: &self.sges[first..first + count],
+            signaled: false,
+        }));
         requests.push(SendWr { wr_id: WR_SEND | u64::from(slot), op: SendOp::Send, sges: &message, signaled: true });
         let work_requests = requests.len() as u32;
         // The WRITEs read DMA slots of the batch's result, registered in
@@ -511,36 +538,53 @@ impl<R: DatasetResolver> Connection<R> {
         // send slot that is ours until then. Remote addresses lie inside the
         // buffer the client named with its rkey (`destinations_fit`).
         // SAFETY: every SGE stays valid until completion; see above.
-        unsafe { self.qp.post_send(&requests) }?;
+        let posted = unsafe { self.qp.post_send(&requests) };
+        self.spare_requests = recycled(requests);
+        posted?;
         self.send_queue_free -= work_requests;
         tracing::trace!(client = self.client_id, slot, work_requests, free = self.send_queue_free, "posted");
         let (is_batch, batch) = match outgoing {
-            Outgoing::Batch(completed) => (true, completed.outcome.ok()),
+            Outgoing::Batch(completed) => {
+                if self.spare_dests.len() < self.session.limits().credits as usize {
+                    self.spare_dests.push(completed.target.dests);
+                }
+                (true, completed.outcome.ok())
+            }
             Outgoing::Control(_) => (false, None),
         };
         self.in_flight[slot as usize] =
             Some(InFlight { work_requests, is_batch, posted: Instant::now(), _batch: batch });
         Ok(Ok(()))
     }
+}
 
-    /// The WRITEs of a batch's `Ok` ranges; see [`plan_writes`].
-    fn gather(
-        &self,
-        batch: &BatchResult,
-        target: &Target,
-        sges: &mut Vec<Sge>,
-        writes: &mut Vec<(usize, usize, u64)>,
-    ) -> Option<u64> {
-        let ranges = (0..batch.statuses().len())
-            .filter(|&index| batch.statuses()[index] == RangeStatus::Ok)
-            .map(|index| (target.dests[index], batch.range_pieces(index)));
-        let per_write = self.qp.caps().send_sge.max(1) as usize;
-        plan_writes(ranges, per_write, |addr, len| self.device.lkey_of(addr, len), sges, writes)
-    }
+/// The WRITEs of a batch's `Ok` ranges, at most `per_write` SGEs each; see
+/// [`plan_writes`].
+fn gather(
+    batch: &BatchResult,
+    target: &Target,
+    per_write: usize,
+    device: &Device,
+    sges: &mut Vec<Sge>,
+    writes: &mut Vec<(usize, usize, u64)>,
+) -> Option<u64> {
+    let ranges = (0..batch.statuses().len())
+        .filter(|&index| batch.statuses()[index] == RangeStatus::Ok)
+        .map(|index| (target.dests[index], batch.range_pieces(index)));
+    plan_writes(ranges, per_write, |addr, len| device.lkey_of(addr, len), sges, writes)
+}
+
+/// `requests` emptied, with its allocation, for requests borrowing from
+/// another response: collecting a vector's own iterator reuses its buffer
+/// when the element layouts match, as they do here.
+fn recycled<'b>(mut requests: Vec<SendWr<'_>>) -> Vec<SendWr<'b>> {
+    requests.clear();
+    requests.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// Decodes a received message into a request the node acts on.
-fn decode(bytes: &[u8]) -> Result<Incoming, Fatal> {
+/// A batch's destination list is one of `spare_dests` where there is one.
+fn decode(bytes: &[u8], spare_dests: &mut Vec<Vec<u64>>) -> Result<Incoming, Fatal> {
     let (kind, payload) = parse_message(bytes, false)?;
     match kind {
         FrameKind::Control => Ok(Incoming::Control(codec::decode(payload)?)),
@@ -553,7 +597,12 @@ fn decode(bytes: &[u8]) -> Result<Incoming, Fatal> {
                 target: Target {
                     remote_addr: header.remote_addr.get(),
                     rkey: header.rkey.get(),
-                    dests: descriptors.iter().map(|d| d.dest.get()).collect(),
+                    dests: {
+                        let mut dests = spare_dests.pop().unwrap_or_default();
+                        dests.clear();
+                        dests.extend(descriptors.iter().map(|d| d.dest.get()));
+                        dests
+                    },
                 },
                 ranges: {
                     // A vector the core kept from an earlier batch: this
