@@ -140,93 +140,61 @@ pub fn plan_batch_into(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut 
     plan.units.clear();
     plan.pieces.clear();
     plan.ok_bytes = 0;
-    let order = KeyLayout {
-        block_shift: block.trailing_zeros(),
-        index_bits: usize::BITS - ranges.len().saturating_sub(1).leading_zeros(),
-    };
-    if order.fits::<u64>(geometry.length_bytes) {
+    if ranges.len() as u64 <= block {
         let mut live = std::mem::take(&mut plan.live_narrow);
-        plan_in_order(ranges, geometry, order, plan, &mut live);
+        plan_in_order(ranges, geometry, plan, &mut live);
         plan.live_narrow = live;
     } else {
         let mut live = std::mem::take(&mut plan.live_wide);
-        plan_in_order(ranges, geometry, order, plan, &mut live);
+        plan_in_order(ranges, geometry, plan, &mut live);
         plan.live_wide = live;
     }
 }
 
-/// A range's place in I/O order as one integer: the block its I/O starts
-/// at (counted from the dataset's base) above its index in the batch, so
-/// sorted keys are in I/O order and name their range.
+/// A range's place in I/O order as one integer: the block-aligned start
+/// of its I/O (from the dataset's base) with its index in the batch below
+/// it, so sorted keys are in I/O order and name their range.
 trait OrderKey: Copy + Ord {
-    const BITS: u32;
-    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self;
-    fn start_block(self, layout: KeyLayout) -> u64;
-    fn index(self, layout: KeyLayout) -> usize;
+    fn pack(aligned_start: u64, index: usize) -> Self;
+    fn aligned_start(self, block_mask: u64) -> u64;
+    fn index(self, block_mask: u64) -> usize;
 }
 
+/// For a batch of no more ranges than a block has bytes (every batch the
+/// wire allows, on 4 KiB blocks): the index fills the start's low bits,
+/// which are zero, so neither packing nor unpacking shifts.
 impl OrderKey for u64 {
-    const BITS: u32 = u64::BITS;
-
-    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self {
-        (start_block << layout.index_bits) | index as u64
+    fn pack(aligned_start: u64, index: usize) -> Self {
+        aligned_start | index as u64
     }
 
-    fn start_block(self, layout: KeyLayout) -> u64 {
-        self >> layout.index_bits
+    fn aligned_start(self, block_mask: u64) -> u64 {
+        self & !block_mask
     }
 
-    fn index(self, layout: KeyLayout) -> usize {
-        (self & layout.index_mask()) as usize
+    fn index(self, block_mask: u64) -> usize {
+        (self & block_mask) as usize
     }
 }
 
+/// For any batch: the start above a 32-bit index.
 impl OrderKey for u128 {
-    const BITS: u32 = u128::BITS;
-
-    fn pack(start_block: u64, index: usize, layout: KeyLayout) -> Self {
-        (u128::from(start_block) << layout.index_bits) | index as u128
+    fn pack(aligned_start: u64, index: usize) -> Self {
+        (u128::from(aligned_start) << 32) | index as u128
     }
 
-    fn start_block(self, layout: KeyLayout) -> u64 {
-        (self >> layout.index_bits) as u64
+    fn aligned_start(self, _: u64) -> u64 {
+        (self >> 32) as u64
     }
 
-    fn index(self, layout: KeyLayout) -> usize {
-        (self & u128::from(layout.index_mask())) as usize
-    }
-}
-
-/// How [`OrderKey`]s are packed for one batch.
-#[derive(Clone, Copy)]
-struct KeyLayout {
-    block_shift: u32,
-    /// Bits of a range's index: enough for the batch's last.
-    index_bits: u32,
-}
-
-impl KeyLayout {
-    /// Whether every block of a dataset of `length_bytes` packs into `K`
-    /// beside every index.
-    fn fits<K: OrderKey>(self, length_bytes: u64) -> bool {
-        let blocks_max = length_bytes >> self.block_shift;
-        (K::BITS - self.index_bits) >= u64::BITS - blocks_max.leading_zeros()
-    }
-
-    fn index_mask(self) -> u64 {
-        1u64.checked_shl(self.index_bits).map_or(u64::MAX, |bit| bit - 1)
+    fn index(self, _: u64) -> usize {
+        self as u32 as usize
     }
 }
 
 /// The plan proper, past the checks and resets of [`plan_batch_into`]:
 /// statuses, the sorted keys in `live`, then extents, units and pieces.
-fn plan_in_order<K: OrderKey>(
-    ranges: &[ByteRange],
-    geometry: PlanGeometry,
-    order: KeyLayout,
-    plan: &mut BatchPlan,
-    live: &mut Vec<K>,
-) {
+fn plan_in_order<K: OrderKey>(ranges: &[ByteRange], geometry: PlanGeometry, plan: &mut BatchPlan, live: &mut Vec<K>) {
     let block_mask = u64::from(geometry.block_size_bytes) - 1;
     let unit_max = u64::from(geometry.unit_bytes_max);
     let span = Spans {
@@ -236,21 +204,22 @@ fn plan_in_order<K: OrderKey>(
     };
     live.clear();
     live.reserve(ranges.len());
+    let mut ok_bytes = 0;
     for (index, range) in ranges.iter().enumerate() {
         let len = u64::from(range.len_bytes);
         match range.offset_bytes.checked_add(len) {
             Some(end) if end <= geometry.length_bytes => {
-                plan.ok_bytes += len;
+                ok_bytes += len;
                 if len > 0 {
-                    let start_block = span.io_start_within(range) >> order.block_shift;
-                    live.push(K::pack(start_block, index, order));
+                    live.push(K::pack(span.io_start_within(range) & !block_mask, index));
                 }
             }
             _ => plan.statuses[index] = RangeStatus::OutOfBounds,
         }
     }
+    plan.ok_bytes = ok_bytes;
     live.sort_unstable();
-    let extent_start_of = |key: K| span.base + (key.start_block(order) << order.block_shift);
+    let extent_start_of = |key: K| span.base + key.aligned_start(block_mask);
 
     let namespace_end = geometry.base_offset_bytes + geometry.length_bytes;
     let mut packer = SlotPacker::new(geometry.unit_bytes_max);
@@ -258,36 +227,46 @@ fn plan_in_order<K: OrderKey>(
     while cursor < live.len() {
         // Grow one extent over every range whose blocks touch it.
         let extent_start = extent_start_of(live[cursor]);
-        let mut extent_end = round_up(span.io_end(&ranges[live[cursor].index(order)]), block_mask);
+        let mut extent_end = round_up(span.io_end(&ranges[live[cursor].index(block_mask)]), block_mask);
         let mut last = cursor + 1;
         while last < live.len() && extent_start_of(live[last]) <= extent_end {
-            extent_end = extent_end.max(round_up(span.io_end(&ranges[live[last].index(order)]), block_mask));
+            extent_end = extent_end.max(round_up(span.io_end(&ranges[live[last].index(block_mask)]), block_mask));
             last += 1;
         }
         let first_unit = plan.units.len() as u32;
-        let mut offset = extent_start;
-        while offset < extent_end {
-            let len = (extent_end - offset).min(unit_max);
+        let mut unit = |offset: u64, len: u64| {
             let needed = len.min(namespace_end.saturating_sub(offset));
             let (lease_slot, slot_offset_bytes) = packer.place(len as u32);
-            plan.units.push(IoUnit {
+            IoUnit {
                 offset_bytes: offset,
                 len_bytes: len as u32,
                 needed_bytes: needed as u32,
                 lease_slot,
                 slot_offset_bytes,
-            });
-            offset += len;
-        }
-        let one_unit = extent_end - extent_start <= unit_max;
-        for &key in &live[cursor..last] {
-            let index = key.index(order);
-            let (start, end) = span.bytes(&ranges[index]);
-            let first_piece = plan.pieces.len() as u32;
-            if one_unit {
+            }
+        };
+        if extent_end - extent_start <= unit_max {
+            // One unit, as every small read's extent is: each range one
+            // piece of it, cut without dividing.
+            plan.units.push(unit(extent_start, extent_end - extent_start));
+            for &key in &live[cursor..last] {
+                let index = key.index(block_mask);
+                let (start, end) = span.bytes(&ranges[index]);
+                plan.range_pieces[index] = (plan.pieces.len() as u32, 1);
                 let unit_offset_bytes = (start - extent_start) as u32;
                 plan.pieces.push(Piece { unit: first_unit, unit_offset_bytes, len_bytes: (end - start) as u32 });
-            } else {
+            }
+        } else {
+            let mut offset = extent_start;
+            while offset < extent_end {
+                let len = (extent_end - offset).min(unit_max);
+                plan.units.push(unit(offset, len));
+                offset += len;
+            }
+            for &key in &live[cursor..last] {
+                let index = key.index(block_mask);
+                let (start, end) = span.bytes(&ranges[index]);
+                let first_piece = plan.pieces.len() as u32;
                 let mut at = start;
                 while at < end {
                     let within = at - extent_start;
@@ -297,8 +276,8 @@ fn plan_in_order<K: OrderKey>(
                     plan.pieces.push(Piece { unit, unit_offset_bytes: unit_offset as u32, len_bytes: len as u32 });
                     at += len;
                 }
+                plan.range_pieces[index] = (first_piece, plan.pieces.len() as u32 - first_piece);
             }
-            plan.range_pieces[index] = (first_piece, plan.pieces.len() as u32 - first_piece);
         }
         cursor = last;
     }
@@ -461,32 +440,22 @@ mod tests {
         check_plan(&vec![7u8; 4100], &[range(4000, 100)], geometry(4100, 4096));
     }
 
-    /// Keys pack into a `u64` while the dataset's blocks and the batch's
-    /// indices fit it together, and no further.
-    #[test]
-    fn keys_are_narrow_only_where_they_fit() {
-        assert!(layout(12, 4096).fits::<u64>(1 << 40));
-        assert!(layout(9, 1).fits::<u64>(u64::MAX));
-        // 2^53 blocks need 54 bits; 2048 ranges 11 more.
-        assert!(layout(9, 1024).fits::<u64>(1 << 62));
-        assert!(!layout(9, 2048).fits::<u64>(1 << 62));
-        assert!(layout(9, u32::MAX as usize).fits::<u128>(u64::MAX));
-        let key = <u64 as OrderKey>::pack(5, 3, layout(12, 4));
-        assert_eq!((key.start_block(layout(12, 4)), key.index(layout(12, 4))), (5, 3));
-    }
-
-    fn layout(block_shift: u32, ranges: usize) -> KeyLayout {
-        KeyLayout { block_shift, index_bits: usize::BITS - ranges.saturating_sub(1).leading_zeros() }
-    }
-
     /// A plan of `ranges` made with keys of type `K`.
     fn plan_with_keys<K: OrderKey>(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
         let mut plan = BatchPlan::default();
         plan.statuses.resize(ranges.len(), RangeStatus::Ok);
         plan.range_pieces.resize(ranges.len(), (0, 0));
-        let order = layout(geometry.block_size_bytes.trailing_zeros(), ranges.len());
-        plan_in_order(ranges, geometry, order, &mut plan, &mut Vec::<K>::new());
+        plan_in_order(ranges, geometry, &mut plan, &mut Vec::<K>::new());
         plan
+    }
+
+    /// A batch of more ranges than a block has bytes plans with wide keys,
+    /// byte-exact.
+    #[test]
+    fn batches_of_more_ranges_than_block_bytes_plan_exactly() {
+        let data: Vec<u8> = (0..40_000).map(|i| (i * 7 % 253) as u8).collect();
+        let ranges: Vec<ByteRange> = (0..600).map(|i| range((i * 7919) % 39_000, (i % 50) as u32 + 1)).collect();
+        check_plan(&data, &ranges, geometry(data.len() as u64, 512));
     }
 
     proptest! {
