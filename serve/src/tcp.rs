@@ -191,18 +191,10 @@ impl<R: DatasetResolver> TcpServer<R> {
     }
 }
 
+/// What the reader sends the writer besides batches, whose outcomes come
+/// on the connection's completion queue (see [`InFlightTable`]).
 enum Outgoing {
     Control(Vec<u8>),
-    /// A batch about to go to the data plane: its outcome arrives on the
-    /// connection's completion queue under `tag`. Sent before the batch
-    /// is submitted, so the writer knows the tag when the outcome comes.
-    Batch {
-        tag: u64,
-        batch_id: u64,
-        range_count: u32,
-        permit: OwnedSemaphorePermit,
-        tally: Tally,
-    },
     /// A batch answered with this status, without reaching the data plane
     /// (already counted).
     Refused {
@@ -267,8 +259,9 @@ impl<R: DatasetResolver> Connection<R> {
         let (completions_tx, completions_rx) = mpsc::unbounded_channel();
         let drain =
             Drain { write_timeout: self.config.write_timeout, bytes_per_s_min: self.config.drain_bytes_per_s_min };
-        let queues = Queues { outgoing: out_rx, completions: completions_rx };
-        let mut writer = tokio::spawn(write_loop(writer, queues, credits as usize, drain, self.peer));
+        let in_flight = InFlightTable::with_capacity(credits as usize);
+        let queues = Queues { outgoing: out_rx, completions: completions_rx, in_flight: in_flight.clone() };
+        let mut writer = tokio::spawn(write_loop(writer, queues, drain, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let limits = self.config.session_limits(self.config.ranges_per_batch_max, credits);
         let mut session = Session::new(limits, Instant::now());
@@ -276,7 +269,7 @@ impl<R: DatasetResolver> Connection<R> {
         // whole connection goes, not only its writing half.
         let mut writer_done = false;
         let outcome = tokio::select! {
-            outcome = self.read_loop(&mut reader, &out_tx, &completions_tx, &semaphore, &mut session, &peer_name) => outcome,
+            outcome = self.read_loop(&mut reader, &out_tx, &completions_tx, &in_flight, &semaphore, &mut session, &peer_name) => outcome,
             _ = &mut writer => {
                 writer_done = true;
                 Err(Fatal::Link("the client did not drain its responses".into()))
@@ -330,6 +323,7 @@ impl<R: DatasetResolver> Connection<R> {
         reader: &mut Rd,
         out: &mpsc::Sender<Outgoing>,
         completions: &mpsc::UnboundedSender<BatchCompletion>,
+        in_flight: &InFlightTable,
         semaphore: &Arc<Semaphore>,
         session: &mut Session,
         peer_name: &Option<String>,
@@ -398,10 +392,8 @@ impl<R: DatasetResolver> Connection<R> {
                     next_tag += 1;
                     let tag = next_tag;
                     let tally = Tally { counters, submitted: Instant::now() };
-                    // A reader that stopped draining fills the writer's queue:
-                    // a revocation must not wait behind it.
-                    let registered = out.send(Outgoing::Batch { tag, batch_id, range_count, permit, tally });
-                    self.unless_revoked(session, &mut revocations, registered).await?.map_err(|_| closed())?;
+                    // Entered before it is submitted, so its outcome finds it.
+                    in_flight.enter(tag, InFlight { batch_id, range_count, permit, tally });
                     let reply = Reply::queued(completions.clone(), tag);
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                     // A batch the data plane refuses drops its reply, which
@@ -440,6 +432,42 @@ impl Drain {
 struct Queues {
     outgoing: mpsc::Receiver<Outgoing>,
     completions: mpsc::UnboundedReceiver<BatchCompletion>,
+    in_flight: InFlightTable,
+}
+
+/// A connection's batches on the data plane, by tag: the reader enters
+/// each before it submits it, the writer takes it out when its outcome
+/// comes back on the completion queue. Both are tasks of the connection's
+/// core, so the lock is never contended, and it costs less than the
+/// message a batch it replaces (and the writer's wake-up for it). The
+/// credits bound the batches it holds. The reader numbers the tags, so no
+/// client chooses a key and a fast hash (not a keyed one) is safe.
+#[derive(Clone)]
+struct InFlightTable(Arc<std::sync::Mutex<FxHashMap<u64, InFlight>>>);
+
+impl InFlightTable {
+    fn with_capacity(credits: usize) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(FxHashMap::with_capacity_and_hasher(credits, Default::default()))))
+    }
+
+    /// The table. Never held across an await, and nothing is left
+    /// half-done while it is held, so a poisoned lock is taken as is.
+    fn table(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, InFlight>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(&self, tag: u64, batch: InFlight) {
+        let replaced = self.table().insert(tag, batch);
+        assert!(replaced.is_none(), "tag {tag} entered twice");
+    }
+
+    fn take(&self, tag: u64) -> Option<InFlight> {
+        self.table().remove(&tag)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.table().is_empty()
+    }
 }
 
 /// A batch the writer waits on: what its response needs besides the
@@ -452,30 +480,19 @@ struct InFlight {
 }
 
 /// Writes control replies in order and batch responses as they complete.
-async fn write_loop<Wr: AsyncWrite + Unpin>(
-    mut writer: Wr,
-    mut queues: Queues,
-    credits: usize,
-    drain: Drain,
-    peer: SocketAddr,
-) {
+async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, drain: Drain, peer: SocketAddr) {
     let timeout = drain.write_timeout;
-    // The credits bound the batches in flight, so none of these grows.
-    // By tag. The reader numbers the tags, so no client chooses a key and
-    // a fast hash (not a keyed one) is safe.
-    let mut in_flight: FxHashMap<u64, InFlight> = FxHashMap::with_capacity_and_hasher(credits, Default::default());
-    // Outcomes that overtook their batch's registration (never, as the
-    // reader registers before it submits; kept for safety, not speed).
-    let mut early: Vec<BatchCompletion> = Vec::new();
     // Kept from one response to the next, so a response allocates none.
     let mut head = Vec::with_capacity(256);
     let mut statuses: Vec<u8> = Vec::new();
     let mut spare_slices: Vec<IoSlice<'static>> = Vec::new();
     let mut open = true;
     let mut completing = true;
-    while open || !in_flight.is_empty() {
+    // Once the reader is gone it enters no more batches: the writer stays
+    // for the outcomes of those it entered.
+    while open || !queues.in_flight.is_empty() {
         let done = tokio::select! {
-            // Registrations first: a batch's outcome finds it registered.
+            // The reader's replies and refusals first, in its order.
             biased;
             next = queues.outgoing.recv(), if open => match next {
                 None => { open = false; None }
@@ -495,10 +512,6 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                     }
                     None
                 }
-                Some(Outgoing::Batch { tag, batch_id, range_count, permit, tally }) => {
-                    in_flight.insert(tag, InFlight { batch_id, range_count, permit, tally });
-                    early.iter().position(|done| done.tag == tag).map(|at| early.swap_remove(at))
-                }
             },
             done = queues.completions.recv(), if completing => {
                 if done.is_none() {
@@ -506,13 +519,14 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
                 }
                 done
             }
-            // Every registered batch's reply answers, so this is never
+            // Every entered batch's reply answers, so this is never
             // reached with batches in flight.
             else => break,
         };
         let Some(done) = done else { continue };
-        let Some(batch) = in_flight.remove(&done.tag) else {
-            early.push(done);
+        let Some(batch) = queues.in_flight.take(done.tag) else {
+            // Never: the reader enters a batch before it submits it.
+            tracing::warn!(%peer, tag = done.tag, "outcome of no batch of this connection");
             continue;
         };
         let written = match settle_outcome(done.outcome, &batch.tally.counters, batch.tally.submitted) {

@@ -132,10 +132,13 @@ impl BatchResult {
     /// Appends the bytes of every `Ok` range in order to `slices`, for one
     /// vectored send after what `slices` holds (the response's head).
     pub fn push_io_slices<'a>(&'a self, slices: &mut Vec<IoSlice<'a>>) {
-        slices.reserve(self.plan.pieces.len());
-        for (index, status) in self.plan.statuses().iter().enumerate() {
+        let plan = &*self.plan;
+        slices.reserve(plan.pieces.len());
+        for (status, &(first, count)) in plan.statuses().iter().zip(&plan.range_pieces) {
             if *status == RangeStatus::Ok {
-                slices.extend(self.plan.pieces_of(index).iter().map(|p| IoSlice::new(self.piece_bytes(p))));
+                for piece in &plan.pieces[first as usize..][..count as usize] {
+                    slices.push(IoSlice::new(self.piece_bytes(piece)));
+                }
             }
         }
     }
