@@ -261,6 +261,7 @@ impl<R: DatasetResolver> Connection<R> {
             Drain { write_timeout: self.config.write_timeout, bytes_per_s_min: self.config.drain_bytes_per_s_min };
         let in_flight = InFlightTable::with_capacity(credits as usize);
         let queues = Queues { outgoing: out_rx, completions: completions_rx, in_flight: in_flight.clone() };
+        let to_writer = ToWriter { out: out_tx, completions: completions_tx, in_flight };
         let mut writer = tokio::spawn(write_loop(writer, queues, drain, self.peer));
         let semaphore = Arc::new(Semaphore::new(credits as usize));
         let limits = self.config.session_limits(self.config.ranges_per_batch_max, credits);
@@ -269,7 +270,7 @@ impl<R: DatasetResolver> Connection<R> {
         // whole connection goes, not only its writing half.
         let mut writer_done = false;
         let outcome = tokio::select! {
-            outcome = self.read_loop(&mut reader, &out_tx, &completions_tx, &in_flight, &semaphore, &mut session, &peer_name) => outcome,
+            outcome = self.read_loop(&mut reader, &to_writer, &semaphore, &mut session, &peer_name) => outcome,
             _ = &mut writer => {
                 writer_done = true;
                 Err(Fatal::Link("the client did not drain its responses".into()))
@@ -280,10 +281,10 @@ impl<R: DatasetResolver> Connection<R> {
             Err(Fatal::Link(err)) => tracing::debug!(peer = %self.peer, "connection lost: {err}"),
             Err(fatal) => {
                 tracing::info!(peer = %self.peer, "closing connection: {fatal}");
-                let _ = out_tx.send(Outgoing::Control(control_frame(&fatal.farewell()))).await;
+                let _ = to_writer.out.send(Outgoing::Control(control_frame(&fatal.farewell()))).await;
             }
         }
-        drop(out_tx);
+        drop(to_writer);
         if !writer_done {
             let _ = writer.await;
         }
@@ -321,9 +322,7 @@ impl<R: DatasetResolver> Connection<R> {
     async fn read_loop<Rd: AsyncRead + Unpin>(
         &self,
         reader: &mut Rd,
-        out: &mpsc::Sender<Outgoing>,
-        completions: &mpsc::UnboundedSender<BatchCompletion>,
-        in_flight: &InFlightTable,
+        to_writer: &ToWriter,
         semaphore: &Arc<Semaphore>,
         session: &mut Session,
         peer_name: &Option<String>,
@@ -361,7 +360,7 @@ impl<R: DatasetResolver> Connection<R> {
                             session.opened(name, outcome, || self.plane.open_flow(peer_key(self.peer.ip())))
                         }
                     };
-                    let sent = out.send(Outgoing::Control(control_frame(&reply)));
+                    let sent = to_writer.out.send(Outgoing::Control(control_frame(&reply)));
                     self.unless_revoked(session, &mut revocations, sent).await?.map_err(|_| closed())?;
                 }
                 FrameKind::BatchRequest => {
@@ -376,7 +375,7 @@ impl<R: DatasetResolver> Connection<R> {
                     let (slot, flow, counters, through) = match admission {
                         Admission::Refused(status) => {
                             let refused = Outgoing::Refused { batch_id, range_count, status, permit };
-                            self.unless_revoked(session, &mut revocations, out.send(refused))
+                            self.unless_revoked(session, &mut revocations, to_writer.out.send(refused))
                                 .await?
                                 .map_err(|_| closed())?;
                             continue;
@@ -393,8 +392,8 @@ impl<R: DatasetResolver> Connection<R> {
                     let tag = next_tag;
                     let tally = Tally { counters, submitted: Instant::now() };
                     // Entered before it is submitted, so its outcome finds it.
-                    in_flight.enter(tag, InFlight { batch_id, range_count, permit, tally });
-                    let reply = Reply::queued(completions.clone(), tag);
+                    to_writer.in_flight.enter(tag, InFlight { batch_id, range_count, permit, tally });
+                    let reply = Reply::queued(to_writer.completions.clone(), tag);
                     let batch = ReadBatch { dataset: slot, client_id: self.client_id, flow, ranges, reply, hold: None };
                     // A batch the data plane refuses drops its reply, which
                     // answers `ShuttingDown` on the queue.
@@ -429,6 +428,15 @@ impl Drain {
 
 /// What a connection's writer reads: replies and batches from its reader,
 /// outcomes from the data plane.
+/// The reader's ways to its writer: replies and refusals in order on
+/// `out`; batches through the in-flight table, their outcomes coming on
+/// the completion queue.
+struct ToWriter {
+    out: mpsc::Sender<Outgoing>,
+    completions: mpsc::UnboundedSender<BatchCompletion>,
+    in_flight: InFlightTable,
+}
+
 struct Queues {
     outgoing: mpsc::Receiver<Outgoing>,
     completions: mpsc::UnboundedReceiver<BatchCompletion>,
