@@ -268,6 +268,7 @@ impl Queue {
     }
 
     /// Moves up to `max` completions into `out`; never blocks.
+    #[inline]
     pub fn reap(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         match self {
             Self::Uring(q) => q.reap(out, max),

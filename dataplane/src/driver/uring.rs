@@ -271,6 +271,7 @@ impl UringQueue {
         Ok(())
     }
 
+    #[inline]
     pub(super) fn reap(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut reaped = 0;
         for cqe in self.ring.completion().take(max) {
