@@ -72,6 +72,10 @@ pub enum ClientError {
     BadAddress(String),
     #[error("RDMA unavailable: {0}")]
     Rdma(String),
+    /// An environment variable that sets how the client behaves holds
+    /// something it cannot use.
+    #[error("{0}")]
+    Setting(String),
 }
 
 #[derive(Clone, Default)]

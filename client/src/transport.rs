@@ -111,7 +111,8 @@ impl Transport {
         {
             let addr_text = node.rdma_addr.clone().unwrap_or_default();
             let addr = addr_text.parse().map_err(|_| ClientError::BadAddress(addr_text.clone()))?;
-            match RdmaClient::connect(addr, client_name).await {
+            let poll_window = sluice_transport::poll::window_from_env().map_err(ClientError::Setting)?;
+            match RdmaClient::connect(addr, client_name, poll_window).await {
                 Ok(rdma) => {
                     let why = format!("RDMA device {} reaches {addr}", rdma.device());
                     return Ok((Self::Rdma(rdma), why));
@@ -134,7 +135,8 @@ impl Transport {
             Ok(text) => Some(text.parse().map_err(|_| ClientError::BadAddress(format!("{SOURCE_ADDR_ENV}={text}")))?),
             Err(_) => None,
         };
-        Ok(Self::Tcp(TcpClient::connect_secured(addr, source, client_name, tls).await?))
+        let poll_window = sluice_transport::poll::window_from_env().map_err(ClientError::Setting)?;
+        Ok(Self::Tcp(TcpClient::connect_secured(addr, source, client_name, tls, poll_window).await?))
     }
 
     pub(crate) fn name(&self) -> &'static str {

@@ -70,7 +70,7 @@ impl From<ClientError> for CtlError {
         use sluice_client::TransportError;
         use sluice_proto::ErrorCode;
         match &err {
-            ClientError::Destination { .. } => Self::Usage(err.to_string()),
+            ClientError::Destination { .. } | ClientError::Setting(_) => Self::Usage(err.to_string()),
             ClientError::Control { status: Some(400..=499), .. } => Self::Refused(err.to_string()),
             ClientError::Transport(TransportError::Refused { code, .. })
                 if !matches!(code, ErrorCode::Internal | ErrorCode::Busy) =>

@@ -8,6 +8,7 @@
 //! crate, and so the Python wheel, links it.
 
 pub mod frame;
+pub mod poll;
 #[cfg(feature = "rdma")]
 pub mod rc;
 pub mod session;

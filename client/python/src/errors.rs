@@ -40,7 +40,7 @@ pub fn client(err: ClientError) -> PyErr {
         ClientError::Control { .. } | ClientError::BadAddress(_) | ClientError::Rdma(_) => {
             SluiceError::new_err(message)
         }
-        ClientError::Destination { .. } => PyValueError::new_err(message),
+        ClientError::Destination { .. } | ClientError::Setting(_) => PyValueError::new_err(message),
     }
 }
 

@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_proto::RangeStatus;
 use tokio::io::unix::AsyncFd;
@@ -18,6 +18,7 @@ use super::{
 };
 use super::{ACK_TIMEOUT_EXPONENT, RESOLVE_TIMEOUT_MS, WR_RECV, WR_SEND, WR_TAG_MASK};
 use crate::frame::control_frame;
+use crate::poll::{polling, PollWindow};
 use crate::session::{self, open_request, opened, NodeLimits};
 use crate::tcp::TransportError;
 use crate::verbs::{
@@ -190,8 +191,10 @@ async fn expect(
 }
 
 impl RdmaClient {
-    /// Connects to a node's RDMA endpoint and shakes hands.
-    pub async fn connect(addr: SocketAddr, client_name: &str) -> Result<Self, TransportError> {
+    /// Connects to a node's RDMA endpoint and shakes hands. The connection
+    /// polls its completion queue for `poll_window` after each completion
+    /// before its thread may sleep (see [`crate::poll`]).
+    pub async fn connect(addr: SocketAddr, client_name: &str, poll_window: Duration) -> Result<Self, TransportError> {
         let channel = EventChannel::new().map_err(rdma)?;
         let id = CmId::new(&channel).map_err(rdma)?;
         let events = readiness(Arc::clone(&channel), "registering the rdma_cm channel").map_err(rdma)?;
@@ -233,7 +236,7 @@ impl RdmaClient {
             pending: HashMap::new(),
             control_replies: VecDeque::new(),
         };
-        let driver = tokio::spawn(driver.run(rx, events, Arc::clone(&lost)));
+        let driver = tokio::spawn(driver.run(rx, events, Arc::clone(&lost), PollWindow::new(poll_window)));
         let mut client = Self {
             commands,
             control: tokio::sync::Mutex::new(()),
@@ -333,6 +336,16 @@ fn timed_out(addr: SocketAddr) -> TransportError {
 
 /// Owns the queue pair. Declared first, the QP is destroyed before the
 /// slots it posts from and the buffers pending batches write into.
+/// What one turn of a connection's driver did.
+enum Turn {
+    /// Handled a command, an event or the watchdog.
+    Quiet,
+    /// Drained completions from the node.
+    Heard,
+    /// The client is gone.
+    Closed,
+}
+
 struct Driver {
     qp: QueuePair,
     recv: MessageSlots,
@@ -349,8 +362,9 @@ impl Driver {
         mut commands: mpsc::Receiver<Command>,
         events: AsyncFd<Arc<EventChannel>>,
         lost: Arc<Mutex<Option<String>>>,
+        poll: PollWindow,
     ) {
-        let why = match self.serve(&mut commands, &events).await {
+        let why = match self.serve(&mut commands, &events, poll).await {
             Ok(()) => "client closed the connection".to_string(),
             Err(err) => err.to_string(),
         };
@@ -378,52 +392,68 @@ impl Driver {
         &mut self,
         commands: &mut mpsc::Receiver<Command>,
         events: &AsyncFd<Arc<EventChannel>>,
+        mut poll: PollWindow,
     ) -> Result<(), TransportError> {
         let cq = readiness(Arc::clone(self.qp.cq()), "registering the completion channel").map_err(rdma)?;
         let mut completions = Vec::with_capacity(64);
         let mut watchdog = tokio::time::interval(Duration::from_secs(1));
         watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = watchdog.tick() => {
-                    if let Some(oldest) = self.pending.values().map(|p| p.asked).min() {
-                        if oldest.elapsed() > RESPONSE_TIMEOUT {
-                            return Err(TransportError::Lost(format!(
-                                "no response within {RESPONSE_TIMEOUT:?}: the node or the link is stuck"
-                            )));
+            let until = poll.open_until(Instant::now());
+            let turn = async {
+                tokio::select! {
+                    _ = watchdog.tick() => {
+                        if let Some(oldest) = self.pending.values().map(|p| p.asked).min() {
+                            if oldest.elapsed() > RESPONSE_TIMEOUT {
+                                return Err(TransportError::Lost(format!(
+                                    "no response within {RESPONSE_TIMEOUT:?}: the node or the link is stuck"
+                                )));
+                            }
                         }
+                        Ok(Turn::Quiet)
+                    }
+                    command = commands.recv() => {
+                        let Some(command) = command else { return Ok(Turn::Closed) };
+                        self.queued.push_back(command);
+                        self.flush()?;
+                        Ok(Turn::Quiet)
+                    }
+                    ready = cq.readable() => {
+                        // Clear, drain and re-arm, then poll (see the server).
+                        ready.map_err(TransportError::Io)?.clear_ready();
+                        self.qp.cq().take_events().map_err(rdma)?;
+                        self.poll_completions(&mut completions)?;
+                        self.flush()?;
+                        Ok(Turn::Heard)
+                    }
+                    ready = events.readable() => {
+                        ready.map_err(TransportError::Io)?.clear_ready();
+                        loop {
+                            match events.get_ref().next_event().map_err(rdma)? {
+                                Some(event) if event.kind == CmEventKind::Disconnected => {
+                                    // What arrived before the disconnect (a
+                                    // reply, or why the node closed) comes first.
+                                    self.poll_completions(&mut completions)?;
+                                    return Err(TransportError::Lost("node closed the connection".into()))
+                                }
+                                Some(event) if matches!(event.kind, CmEventKind::Failed(_)) => {
+                                    return Err(TransportError::Lost(format!("connection failed: {}", event.kind)))
+                                }
+                                Some(_) => {}
+                                None => break,
+                            }
+                        }
+                        Ok(Turn::Quiet)
                     }
                 }
-                command = commands.recv() => {
-                    let Some(command) = command else { return Ok(()) };
-                    self.queued.push_back(command);
-                    self.flush()?;
-                }
-                ready = cq.readable() => {
-                    // Clear, drain and re-arm, then poll (see the server).
-                    ready.map_err(TransportError::Io)?.clear_ready();
-                    self.qp.cq().take_events().map_err(rdma)?;
-                    self.poll_completions(&mut completions)?;
-                    self.flush()?;
-                }
-                ready = events.readable() => {
-                    ready.map_err(TransportError::Io)?.clear_ready();
-                    loop {
-                        match events.get_ref().next_event().map_err(rdma)? {
-                            Some(event) if event.kind == CmEventKind::Disconnected => {
-                                // What arrived before the disconnect (a
-                                // reply, or why the node closed) comes first.
-                                self.poll_completions(&mut completions)?;
-                                return Err(TransportError::Lost("node closed the connection".into()))
-                            }
-                            Some(event) if matches!(event.kind, CmEventKind::Failed(_)) => {
-                                return Err(TransportError::Lost(format!("connection failed: {}", event.kind)))
-                            }
-                            Some(_) => {}
-                            None => break,
-                        }
-                    }
-                }
+            };
+            // Within the window after a completion the thread keeps
+            // polling for the next one instead of sleeping (see
+            // `crate::poll`).
+            match polling(turn, until).await? {
+                Turn::Quiet => {}
+                Turn::Heard => poll.heard(Instant::now()),
+                Turn::Closed => return Ok(()),
             }
         }
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sluice_proto::RangeStatus;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -13,6 +14,7 @@ use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
 use crate::frame::{control_frame, read_frame_header, write_all_flushed};
+use crate::poll::{polling, PollWindow, POLL_WINDOW_DEFAULT};
 pub use crate::session::NodeLimits;
 use crate::session::{self, open_request, opened};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode, OpenInfo};
@@ -111,15 +113,18 @@ impl TcpClient {
         source: Option<std::net::IpAddr>,
         client_name: &str,
     ) -> Result<Self, TransportError> {
-        Self::connect_secured(addr, source, client_name, None).await
+        Self::connect_secured(addr, source, client_name, None, POLL_WINDOW_DEFAULT).await
     }
 
-    /// As [`TcpClient::connect_from`], over TLS when `tls` is given.
+    /// As [`TcpClient::connect_from`], over TLS when `tls` is given; the
+    /// connection polls for `poll_window` after each response before its
+    /// thread may sleep (see [`crate::poll`]).
     pub async fn connect_secured(
         addr: SocketAddr,
         source: Option<std::net::IpAddr>,
         client_name: &str,
         tls: Option<&TlsConnect>,
+        poll_window: Duration,
     ) -> Result<Self, TransportError> {
         let connect_error = |source| TransportError::Connect { addr, source };
         let stream = match source {
@@ -134,10 +139,11 @@ impl TcpClient {
         };
         stream.set_nodelay(true)?;
         let shared = Arc::new(Mutex::new(Shared::default()));
+        let poll = PollWindow::new(poll_window);
         let (reader, writer): (_, Writer) = match tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                (tokio::spawn(read_loop(reader, Arc::clone(&shared))), Box::new(writer))
+                (tokio::spawn(read_loop(reader, Arc::clone(&shared), poll)), Box::new(writer))
             }
             Some(tls) => {
                 let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config));
@@ -145,7 +151,7 @@ impl TcpClient {
                     TransportError::Tls { addr, message: crate::tls::handshake_error_words(&source) }
                 })?;
                 let (reader, writer) = tokio::io::split(stream);
-                (tokio::spawn(read_loop(reader, Arc::clone(&shared))), Box::new(writer))
+                (tokio::spawn(read_loop(reader, Arc::clone(&shared), poll)), Box::new(writer))
             }
         };
         let mut client = Self {
@@ -247,9 +253,9 @@ fn poisoned() -> TransportError {
 const RECEIVE_BUFFER_BYTES: usize = 128 << 10;
 
 /// Reads frames until the connection ends, then fails whatever is pending.
-async fn read_loop<Rd: AsyncRead + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>) {
+async fn read_loop<Rd: AsyncRead + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>, poll: PollWindow) {
     let mut reader = tokio::io::BufReader::with_capacity(RECEIVE_BUFFER_BYTES, reader);
-    let why = match read_frames(&mut reader, &shared).await {
+    let why = match read_frames(&mut reader, &shared, poll).await {
         Ok(()) => "node closed the connection".to_string(),
         Err(err) => err.to_string(),
     };
@@ -261,10 +267,15 @@ async fn read_loop<Rd: AsyncRead + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>
     }
 }
 
-async fn read_frames<Rd: AsyncRead + Unpin>(reader: &mut Rd, shared: &Mutex<Shared>) -> Result<(), TransportError> {
+async fn read_frames<Rd: AsyncRead + Unpin>(
+    reader: &mut Rd,
+    shared: &Mutex<Shared>,
+    mut poll: PollWindow,
+) -> Result<(), TransportError> {
     let mut statuses = Vec::new();
     loop {
-        let Some(header) = read_frame_header(reader).await? else { return Ok(()) };
+        let until = poll.open_until(Instant::now());
+        let Some(header) = polling(read_frame_header(reader), until).await? else { return Ok(()) };
         let (kind, len) = wire::parse_frame_header(&header, true)?;
         match kind {
             FrameKind::Control => {
@@ -275,7 +286,10 @@ async fn read_frames<Rd: AsyncRead + Unpin>(reader: &mut Rd, shared: &Mutex<Shar
                 let Some(waiter) = waiter else { return Err(session::unsolicited(message)) };
                 let _ = waiter.send(message);
             }
-            FrameKind::BatchResponse => read_response(reader, shared, len, &mut statuses).await?,
+            FrameKind::BatchResponse => {
+                read_response(reader, shared, len, &mut statuses).await?;
+                poll.heard(Instant::now());
+            }
             FrameKind::BatchRequest | FrameKind::RdmaBatchRequest | FrameKind::RdmaBatchResponse => {
                 return Err(TransportError::Protocol(format!("node sent a {kind:?} frame on TCP")))
             }
