@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 /// is told otherwise ([`POLL_WINDOW_ENV`]).
 pub const POLL_WINDOW_DEFAULT: Duration = Duration::from_micros(50);
 
+/// The longest window a client may ask for: polling is for the gap of one
+/// round trip, and a longer window only burns the CPU the training job
+/// needs.
+pub const POLL_WINDOW_MAX: Duration = Duration::from_millis(10);
+
 /// Microseconds a connection polls after its last response; 0 turns
 /// polling off.
 pub const POLL_WINDOW_ENV: &str = "SLUICE_POLL_WINDOW_US";
@@ -33,12 +38,22 @@ pub const POLL_WINDOW_ENV: &str = "SLUICE_POLL_WINDOW_US";
 pub fn window_from_env() -> Result<Duration, String> {
     match std::env::var(POLL_WINDOW_ENV) {
         Err(_) => Ok(POLL_WINDOW_DEFAULT),
-        Ok(text) => text
-            .trim()
-            .parse::<u64>()
-            .map(Duration::from_micros)
-            .map_err(|_| format!("{POLL_WINDOW_ENV}={text}: not a whole number of microseconds")),
+        Ok(text) => parse_window(&text),
     }
+}
+
+/// A window of `text` microseconds, at most [`POLL_WINDOW_MAX`].
+fn parse_window(text: &str) -> Result<Duration, String> {
+    let micros: u64 =
+        text.trim().parse().map_err(|_| format!("{POLL_WINDOW_ENV}={text}: not a whole number of microseconds"))?;
+    let window = Duration::from_micros(micros);
+    if window > POLL_WINDOW_MAX {
+        return Err(format!(
+            "{POLL_WINDOW_ENV}={text}: more than the {} µs a client may poll",
+            POLL_WINDOW_MAX.as_micros()
+        ));
+    }
+    Ok(window)
 }
 
 /// When a connection last heard from its node, and how long after that it
@@ -116,6 +131,17 @@ mod tests {
         let mut never = PollWindow::new(Duration::ZERO);
         never.heard(start);
         assert_eq!(never.open_until(start), None, "a zero window never polls");
+    }
+
+    #[test]
+    fn the_window_setting_is_whole_microseconds_within_the_bound() {
+        assert_eq!(parse_window("0"), Ok(Duration::ZERO), "0 turns polling off");
+        assert_eq!(parse_window(" 75 "), Ok(Duration::from_micros(75)));
+        assert_eq!(parse_window("10000"), Ok(POLL_WINDOW_MAX));
+        for bad in ["", "-1", "1.5", "50us", "10001"] {
+            let err = parse_window(bad).expect_err(bad);
+            assert!(err.starts_with(&format!("{POLL_WINDOW_ENV}={bad}:")), "{err}");
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]
