@@ -12,6 +12,15 @@
 //! same for their requests (`--poll-window-us`). The window is bounded and
 //! counts from the last response, so a connection with nothing in flight
 //! sleeps as before and an idle client uses no CPU.
+//!
+//! The window adapts to the stream it serves: a reader whose answers come
+//! further apart than the set window (a queue-depth-1 reader of a device
+//! that takes 100 µs, say) would otherwise stop polling just before each
+//! answer arrives and pay the wake-up every time. So the connection keeps a
+//! running mean of the gaps between its responses and polls for half as
+//! long again, never less than the set window and never more than
+//! [`POLL_ADAPT_MAX`]; a gap longer than that bound is a pause, not a
+//! stream, and teaches nothing.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +35,10 @@ pub const POLL_WINDOW_DEFAULT: Duration = Duration::from_micros(50);
 /// round trip, and a longer window only burns the CPU the training job
 /// needs.
 pub const POLL_WINDOW_MAX: Duration = Duration::from_millis(10);
+
+/// The longest a connection stretches its window to cover the gaps between
+/// its responses: about one NVMe read and one network round trip.
+pub const POLL_ADAPT_MAX: Duration = Duration::from_micros(250);
 
 /// Microseconds a connection polls after its last response; 0 turns
 /// polling off.
@@ -60,26 +73,49 @@ fn parse_window(text: &str) -> Result<Duration, String> {
 /// polls.
 #[derive(Clone, Copy, Debug)]
 pub struct PollWindow {
+    /// The set window: the least the connection polls after a response.
     window: Duration,
     last_heard: Option<Instant>,
+    /// Running mean of the gaps between responses no longer than
+    /// [`POLL_ADAPT_MAX`], in nanoseconds (each new gap weighs a quarter).
+    mean_gap_nanos: u64,
 }
 
 impl PollWindow {
     /// A window that starts closed: a connection that has heard nothing
     /// sleeps.
     pub fn new(window: Duration) -> Self {
-        Self { window, last_heard: None }
+        Self { window, last_heard: None, mean_gap_nanos: 0 }
     }
 
     /// Notes a response (or any frame) from the node.
     pub fn heard(&mut self, now: Instant) {
+        if let Some(last) = self.last_heard {
+            let gap = now.saturating_duration_since(last);
+            if gap <= POLL_ADAPT_MAX {
+                let gap = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX);
+                self.mean_gap_nanos = if self.mean_gap_nanos == 0 { gap } else { (3 * self.mean_gap_nanos + gap) / 4 };
+            }
+        }
         self.last_heard = Some(now);
+    }
+
+    /// How long the connection polls after a response now: the set window,
+    /// stretched to half as long again as the mean gap between responses, up
+    /// to [`POLL_ADAPT_MAX`] (or the set window, if that is longer).
+    pub fn current(&self) -> Duration {
+        if self.window.is_zero() {
+            return Duration::ZERO;
+        }
+        let stretched = Duration::from_nanos(self.mean_gap_nanos + self.mean_gap_nanos / 2).min(POLL_ADAPT_MAX);
+        self.window.max(stretched)
     }
 
     /// Until when to poll, if the window is open at `now`.
     pub fn open_until(&self, now: Instant) -> Option<Instant> {
-        let until = self.last_heard? + self.window;
-        (!self.window.is_zero() && now < until).then_some(until)
+        let window = self.current();
+        let until = self.last_heard? + window;
+        (!window.is_zero() && now < until).then_some(until)
     }
 }
 
@@ -131,6 +167,44 @@ mod tests {
         let mut never = PollWindow::new(Duration::ZERO);
         never.heard(start);
         assert_eq!(never.open_until(start), None, "a zero window never polls");
+    }
+
+    #[test]
+    fn the_window_stretches_to_cover_the_gaps_of_a_steady_stream_within_the_bound() {
+        let start = Instant::now();
+        let at = |micros: u64| start + Duration::from_micros(micros);
+        let mut poll = PollWindow::new(Duration::from_micros(50));
+        // Answers 120 µs apart (a queue-depth-1 reader of a slow device):
+        // the window grows past the gap, so the next answer is polled for.
+        for i in 0..20 {
+            poll.heard(at(120 * i));
+        }
+        assert_eq!(poll.current(), Duration::from_micros(180));
+        assert!(poll.open_until(at(120 * 19 + 119)).is_some(), "the next answer falls inside the window");
+        // Answers 20 µs apart: the set window is the floor.
+        for i in 0..40 {
+            poll.heard(at(10_000 + 20 * i));
+        }
+        assert_eq!(poll.current(), Duration::from_micros(50));
+        // Answers a millisecond apart are pauses: they never stretch the
+        // window past the bound, nor teach it anything.
+        let mut paused = PollWindow::new(Duration::from_micros(50));
+        for i in 0..20 {
+            paused.heard(at(1_000 * i));
+        }
+        assert_eq!(paused.current(), Duration::from_micros(50));
+        let mut steady_slow = PollWindow::new(Duration::from_micros(50));
+        for i in 0..20 {
+            steady_slow.heard(at(200 * i));
+        }
+        assert_eq!(steady_slow.current(), POLL_ADAPT_MAX, "bounded");
+        // A zero window stays off whatever the stream.
+        let mut off = PollWindow::new(Duration::ZERO);
+        for i in 0..20 {
+            off.heard(at(100 * i));
+        }
+        assert_eq!(off.current(), Duration::ZERO);
+        assert_eq!(off.open_until(at(1_900)), None);
     }
 
     #[test]
