@@ -82,6 +82,7 @@ pub struct FaultyQueue {
     reads: HashMap<u64, ReadIo>,
     /// Completions made up here, handed out at the next reap.
     ready: VecDeque<Completion>,
+    /// Completions held back by a delay, earliest due first.
     delayed: VecDeque<(Instant, Completion)>,
     scratch: Vec<Completion>,
 }
@@ -144,7 +145,12 @@ impl FaultyQueue {
             }
             let delay = self.plan.delays.iter().find(|(r, _)| overlaps(r, io.offset_bytes, u64::from(io.len_bytes)));
             match delay {
-                Some((_, by)) => self.delayed.push_back((now + *by, completion)),
+                Some((_, by)) => {
+                    // Delays differ by range: keep the queue in due order.
+                    let due = now + *by;
+                    let at = self.delayed.partition_point(|(held_until, _)| *held_until <= due);
+                    self.delayed.insert(at, (due, completion));
+                }
                 None => {
                     out.push(completion);
                     reaped += 1;
@@ -169,17 +175,29 @@ impl FaultyQueue {
         }
     }
 
+    /// Waits for the inner queue only: a delayed completion is the
+    /// caller's to wait for ([`FaultyQueue::completion_due`]), so that a
+    /// core sleeping through a delay still serves its connections.
     pub(super) fn wait(&mut self) -> io::Result<()> {
-        if !self.ready.is_empty() {
-            return Ok(());
-        }
-        if self.inner.in_flight() > 0 {
+        if self.ready.is_empty() && self.inner.in_flight() > 0 {
             return self.inner.wait();
         }
-        if let Some((due, _)) = self.delayed.front() {
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        }
         Ok(())
+    }
+
+    /// The inner queue's completion fd: a delayed completion comes from
+    /// [`FaultyQueue::completion_due`] instead.
+    pub(super) fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.completion_fd()
+    }
+
+    /// Now, if a made-up completion waits for the next reap; else when the
+    /// earliest delayed one is due.
+    pub(super) fn completion_due(&self) -> Option<Instant> {
+        if !self.ready.is_empty() {
+            return Some(Instant::now());
+        }
+        self.delayed.front().map(|(due, _)| *due)
     }
 
     pub(super) fn in_flight(&self) -> u32 {

@@ -279,7 +279,9 @@ impl Queue {
         }
     }
 
-    /// Blocks until at least one completion is ready (flushing first).
+    /// Blocks until at least one completion is ready (flushing first);
+    /// for a completion [`Queue::completion_due`] names, the caller waits
+    /// itself.
     pub fn wait(&mut self) -> io::Result<()> {
         match self {
             Self::Uring(q) => q.wait(),
@@ -297,9 +299,21 @@ impl Queue {
     pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         match self {
             Self::Uring(q) => Some(q.completion_fd()),
-            Self::Mem(_) | Self::Faulty(_) => None,
+            Self::Faulty(q) => q.completion_fd(),
+            Self::Mem(_) => None,
             #[cfg(any(feature = "spdk", test))]
             Self::Spdk(_) => None,
+        }
+    }
+
+    /// When a completion the queue holds back will be ready without its
+    /// fd or [`Queue::wait`] saying so: a fault plan's delayed read. The
+    /// core sleeps in its event loop until then, beside its sockets,
+    /// rather than blocking the thread. `None` for every real backend.
+    pub fn completion_due(&self) -> Option<std::time::Instant> {
+        match self {
+            Self::Faulty(q) => q.completion_due(),
+            _ => None,
         }
     }
 

@@ -336,6 +336,57 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
     assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
 }
 
+/// A core whose read a fault plan holds back keeps serving meanwhile: a
+/// read that arrives while the delayed one waits is answered first, on
+/// both the memory backend (no completion fd) and io_uring (whose fd the
+/// core watches beside the delay's timer). The core sleeps through the
+/// delay in its event loop, where its connections run too, never by
+/// blocking the thread.
+#[test]
+fn a_core_serves_other_reads_while_a_delayed_one_waits() {
+    use crate::driver::{FaultPlan, FaultyDriver};
+    use std::pin::pin;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inners: [(Arc<dyn BlockDriver>, NamespaceSpec); 2] = [
+        (Arc::new(MemDriver), NamespaceSpec::Mem),
+        (
+            Arc::new(UringDriver::new(IoMode::Buffered)),
+            NamespaceSpec::File { path: dir.path().join("ns"), create: true },
+        ),
+    ];
+    for (inner, spec) in inners {
+        let ns = inner.open_namespace(&spec).expect("namespace");
+        ns.write_at(0, &vec![5u8; 2 << 20]).expect("write");
+        let plan =
+            FaultPlan { delays: vec![(0..(1 << 20), std::time::Duration::from_secs(2))], ..FaultPlan::default() };
+        let driver = Arc::new(FaultyDriver::new(inner, plan));
+        let config = DataPlaneConfig { cores: 1, ..small_config() };
+        let plane = DataPlane::start(Arc::clone(&driver) as Arc<dyn BlockDriver>, config).expect("start");
+        let view = DatasetView::unverified(1, ns, 2 << 20);
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            let mut delayed = pin!(plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4096 }]));
+            // Until the core has pushed the delayed read: anything sent
+            // after that reaches the core while it waits for the delay.
+            while driver.pushed_offsets().is_empty() {
+                tokio::select! {
+                    biased;
+                    _ = &mut delayed => panic!("the delayed read finished before it was pushed"),
+                    () = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                }
+            }
+            let prompt = plane.read(slot, vec![ByteRange { offset_bytes: 1 << 20, len_bytes: 4096 }]);
+            tokio::select! {
+                biased;
+                _ = &mut delayed => panic!("the delayed read was answered first: the core blocked through its delay"),
+                prompt = prompt => assert_eq!(prompt.expect("prompt read").statuses(), &[RangeStatus::Ok]),
+            }
+            assert_eq!(delayed.await.expect("delayed read").statuses(), &[RangeStatus::Ok]);
+        });
+        plane.shutdown();
+    }
+}
+
 /// A group places connections in turn on its own cores only, and a core
 /// outside it is refused.
 #[test]

@@ -166,14 +166,14 @@ impl CoreEngine {
                 continue;
             }
             if in_flight {
-                match &completions {
-                    Some(watched) => self.await_completion_or_message(watched).await,
-                    None => {
+                match (&completions, self.queue.completion_due()) {
+                    (None, None) => {
                         if let Err(err) = self.queue.wait() {
                             tracing::error!(core = self.id, "waiting for completions: {err}");
                         }
                         tokio::task::yield_now().await;
                     }
+                    (watched, due) => self.await_completion_or_message(watched.as_ref(), due).await,
                 }
             } else if self.units_to_push() {
                 // The queue drained with units still to push (batches with
@@ -191,11 +191,29 @@ impl CoreEngine {
         tracing::debug!(core = self.id, "data-plane core stopped");
     }
 
-    /// Sleeps in the event loop until the queue has completions or a
-    /// message arrives (handled here), whichever is first.
-    async fn await_completion_or_message(&mut self, watched: &AsyncFd<CompletionFd>) {
+    /// Sleeps in the event loop until the queue has completions (its fd
+    /// turns readable, or the time it named for one comes) or a message
+    /// arrives (handled here), whichever is first.
+    async fn await_completion_or_message(
+        &mut self,
+        watched: Option<&AsyncFd<CompletionFd>>,
+        due: Option<std::time::Instant>,
+    ) {
+        let readable = async {
+            match watched {
+                Some(watched) => watched.readable().await,
+                None => std::future::pending().await,
+            }
+        };
+        let due = async {
+            match due {
+                Some(due) => tokio::time::sleep_until(due.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            ready = watched.readable() => match ready {
+            () = due => {}
+            ready = readable => match ready {
                 // Cleared before the next reap, so a completion that lands
                 // after that reap raises readiness again.
                 Ok(mut guard) => guard.clear_ready(),
