@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_proto::RangeStatus;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
+use super::low_water::LowWaterRead;
 use crate::frame::{control_frame, read_frame_header, write_all_flushed};
 use crate::poll::{polling, PollWindow, POLL_WINDOW_DEFAULT};
 pub use crate::session::NodeLimits;
@@ -143,6 +144,7 @@ impl TcpClient {
         let (reader, writer): (_, Writer) = match tls {
             None => {
                 let (reader, writer) = stream.into_split();
+                let reader = LowWaterRead::new(reader, writer.as_ref());
                 (tokio::spawn(read_loop(reader, Arc::clone(&shared), poll)), Box::new(writer))
             }
             Some(tls) => {
@@ -252,9 +254,23 @@ fn poisoned() -> TransportError {
 /// destination.
 const RECEIVE_BUFFER_BYTES: usize = 128 << 10;
 
+/// A reading half told how many bytes of the response being read are
+/// still owed; only a plain socket makes use of it ([`LowWaterRead`]).
+trait Owed {
+    fn owe(&mut self, _owed_bytes: u64) {}
+}
+
+impl<R> Owed for LowWaterRead<R> {
+    fn owe(&mut self, owed_bytes: u64) {
+        LowWaterRead::owe(self, owed_bytes);
+    }
+}
+
+impl<T> Owed for tokio::io::ReadHalf<T> {}
+
 /// Reads frames until the connection ends, then fails whatever is pending.
-async fn read_loop<Rd: AsyncRead + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>, poll: PollWindow) {
-    let mut reader = tokio::io::BufReader::with_capacity(RECEIVE_BUFFER_BYTES, reader);
+async fn read_loop<Rd: AsyncRead + Owed + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>, poll: PollWindow) {
+    let mut reader = BufReader::with_capacity(RECEIVE_BUFFER_BYTES, reader);
     let why = match read_frames(&mut reader, &shared, poll).await {
         Ok(()) => "node closed the connection".to_string(),
         Err(err) => err.to_string(),
@@ -267,8 +283,8 @@ async fn read_loop<Rd: AsyncRead + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>
     }
 }
 
-async fn read_frames<Rd: AsyncRead + Unpin>(
-    reader: &mut Rd,
+async fn read_frames<Rd: AsyncRead + Owed + Unpin>(
+    reader: &mut BufReader<Rd>,
     shared: &Mutex<Shared>,
     mut poll: PollWindow,
 ) -> Result<(), TransportError> {
@@ -297,8 +313,8 @@ async fn read_frames<Rd: AsyncRead + Unpin>(
     }
 }
 
-async fn read_response<Rd: AsyncRead + Unpin>(
-    reader: &mut Rd,
+async fn read_response<Rd: AsyncRead + Owed + Unpin>(
+    reader: &mut BufReader<Rd>,
     shared: &Mutex<Shared>,
     payload_len: u32,
     statuses: &mut Vec<u8>,
@@ -335,6 +351,8 @@ async fn read_response<Rd: AsyncRead + Unpin>(
     }
     {
         let mut sink = pending.sink.lock().await;
+        let buffered = reader.buffer().len() as u64;
+        reader.get_mut().owe(data_len.saturating_sub(buffered));
         for (index, status) in decoded.iter().enumerate() {
             if *status != RangeStatus::Ok {
                 continue;
@@ -346,6 +364,7 @@ async fn read_response<Rd: AsyncRead + Unpin>(
             };
             reader.read_exact(target).await?;
         }
+        reader.get_mut().owe(0);
     }
     pending.finish(Ok(decoded));
     Ok(())

@@ -7,6 +7,7 @@
 //! writes each response straight from the data plane's DMA slots.
 
 mod client;
+mod low_water;
 
 pub use crate::session::NodeLimits;
 pub use client::{ReadSink, TcpClient, TlsConnect, TransportError};
