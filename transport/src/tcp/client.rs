@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use zerocopy::FromBytes;
 
-use super::low_water::LowWaterRead;
+use super::low_water::{LowWaterRead, Owed};
 use crate::frame::{control_frame, read_frame_header, write_all_flushed};
 use crate::poll::{polling, PollWindow, POLL_WINDOW_DEFAULT};
 pub use crate::session::NodeLimits;
@@ -144,8 +144,7 @@ impl TcpClient {
         let (reader, writer): (_, Writer) = match tls {
             None => {
                 let (reader, writer) = stream.into_split();
-                let reader = LowWaterRead::new(reader, writer.as_ref());
-                (tokio::spawn(read_loop(reader, Arc::clone(&shared), poll)), Box::new(writer))
+                (tokio::spawn(read_loop(LowWaterRead::new(reader), Arc::clone(&shared), poll)), Box::new(writer))
             }
             Some(tls) => {
                 let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config));
@@ -253,20 +252,6 @@ fn poisoned() -> TransportError {
 /// one per range); a range at least this large is read straight into its
 /// destination.
 const RECEIVE_BUFFER_BYTES: usize = 128 << 10;
-
-/// A reading half told how many bytes of the response being read are
-/// still owed; only a plain socket makes use of it ([`LowWaterRead`]).
-trait Owed {
-    fn owe(&mut self, _owed_bytes: u64) {}
-}
-
-impl<R> Owed for LowWaterRead<R> {
-    fn owe(&mut self, owed_bytes: u64) {
-        LowWaterRead::owe(self, owed_bytes);
-    }
-}
-
-impl<T> Owed for tokio::io::ReadHalf<T> {}
 
 /// Reads frames until the connection ends, then fails whatever is pending.
 async fn read_loop<Rd: AsyncRead + Owed + Unpin>(reader: Rd, shared: Arc<Mutex<Shared>>, poll: PollWindow) {

@@ -17,11 +17,12 @@
 //! bytes; under TLS the layer above reads whole records ahead.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::tcp::OwnedReadHalf;
 
 /// While fewer bytes than this are still to come, the socket is readable
 /// at the first byte: two `setsockopt`s cost more than the wake-ups saved.
@@ -29,28 +30,37 @@ pub(super) const LOW_WATER_FROM_BYTES: u64 = 256 << 10;
 /// The highest mark set (the kernel grows the receive buffer to hold it).
 pub(super) const LOW_WATER_MAX_BYTES: u64 = 4 << 20;
 
+/// A connection's reading half, told how many bytes of the response
+/// being read are still owed; only a plain socket makes use of it
+/// ([`LowWaterRead`]), a TLS stream's half ignores it.
+pub(super) trait Owed {
+    /// `owed_bytes` more bytes of the response being read are sure to
+    /// come off the socket (the node sent their length, less what a
+    /// buffer above already holds); zero once the response is read.
+    fn owe(&mut self, _owed_bytes: u64) {}
+}
+
+impl<T> Owed for tokio::io::ReadHalf<T> {}
+
 /// A plain TCP connection's reading half that raises the socket's
 /// low-water mark while a response's bytes are owed.
-pub(super) struct LowWaterRead<R> {
-    inner: R,
-    fd: RawFd,
+pub(super) struct LowWaterRead {
+    inner: OwnedReadHalf,
     /// Bytes of the response being read that have not come off the socket.
     owed_bytes: u64,
     /// The mark the socket has now (1, the kernel's default, at first).
     mark: u64,
 }
 
-impl<R> LowWaterRead<R> {
-    /// `inner` reads the plain TCP socket `socket`, which it keeps open.
-    pub(super) fn new(inner: R, socket: &impl AsRawFd) -> Self {
-        Self { inner, fd: socket.as_raw_fd(), owed_bytes: 0, mark: 1 }
-    }
-
-    /// `owed_bytes` more bytes of the response being read are sure to
-    /// come off this socket (the node sent their length, less what a
-    /// buffer above already holds); zero once the response is read.
-    pub(super) fn owe(&mut self, owed_bytes: u64) {
+impl Owed for LowWaterRead {
+    fn owe(&mut self, owed_bytes: u64) {
         self.owed_bytes = owed_bytes;
+    }
+}
+
+impl LowWaterRead {
+    pub(super) fn new(inner: OwnedReadHalf) -> Self {
+        Self { inner, owed_bytes: 0, mark: 1 }
     }
 
     /// The mark for a reader about to wait.
@@ -66,11 +76,11 @@ impl<R> LowWaterRead<R> {
     fn set_mark(&mut self, mark: u64) {
         debug_assert!((1..=LOW_WATER_MAX_BYTES).contains(&mark));
         let value = mark as libc::c_int;
-        // SAFETY: `fd` is the socket `inner` owns, open while `self`
-        // lives; the option is a live c_int passed with its size.
+        // SAFETY: the fd is the socket `inner` holds open; the option is
+        // a live c_int passed with its size.
         let done = unsafe {
             libc::setsockopt(
-                self.fd,
+                self.inner.as_ref().as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVLOWAT,
                 (&value as *const libc::c_int).cast(),
@@ -85,7 +95,7 @@ impl<R> LowWaterRead<R> {
     }
 }
 
-impl<R: AsyncRead + Unpin> AsyncRead for LowWaterRead<R> {
+impl AsyncRead for LowWaterRead {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
@@ -112,6 +122,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for LowWaterRead<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::RawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
@@ -132,7 +143,7 @@ mod tests {
     }
 
     /// Polls a read once; how many bytes it gave, or `None` if it waits.
-    async fn read_once(reader: &mut LowWaterRead<tokio::net::tcp::OwnedReadHalf>, into: &mut [u8]) -> Option<usize> {
+    async fn read_once(reader: &mut LowWaterRead, into: &mut [u8]) -> Option<usize> {
         std::future::poll_fn(|cx| {
             let mut buf = ReadBuf::new(into);
             Poll::Ready(match Pin::new(&mut *reader).poll_read(cx, &mut buf) {
@@ -162,7 +173,7 @@ mod tests {
         let (client, mut server) = pair().await;
         let (reader, _writer) = client.into_split();
         let fd = reader.as_ref().as_raw_fd();
-        let mut reader = LowWaterRead::new(reader, &fd);
+        let mut reader = LowWaterRead::new(reader);
         let response: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
         let mut got = vec![0u8; response.len()];
 
@@ -213,7 +224,7 @@ mod tests {
         let (client, mut server) = pair().await;
         let (reader, _writer) = client.into_split();
         let fd = reader.as_ref().as_raw_fd();
-        let mut reader = LowWaterRead::new(reader, &fd);
+        let mut reader = LowWaterRead::new(reader);
         reader.owe(LOW_WATER_FROM_BYTES - 1);
         let mut buf = vec![0u8; 4096];
         assert_eq!(read_once(&mut reader, &mut buf).await, None);
