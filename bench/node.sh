@@ -7,6 +7,9 @@ WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-$NAME.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # extra flags
+    # Gone before the node starts: the shell opens the new one in the
+    # background, and the wait below must not read a stopped node's lines.
+    rm -f "$WORK/node.out"
     "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" --insecure "$@" \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!

@@ -85,6 +85,14 @@ fn auto_falls_back_to_tcp_and_rdma_says_why_not() {
     .expect("bench json");
     assert_eq!(bench["transport"], "tcp", "{bench}");
     assert!(bench["reads"].as_u64().is_some_and(|reads| reads > 0), "{bench}");
+    // The client's runtime: one worker by default, more when asked, never none.
+    let args =
+        ["--json", "bench", "read", "a", "--size", "4096", "--batch", "4", "--inflight", "2", "--seconds", "0.2"];
+    let two: serde_json::Value =
+        serde_json::from_str(&node.ctl_ok(&[&args[..], &["--client-threads", "2"]].concat())).expect("bench json");
+    assert!(two["reads"].as_u64().is_some_and(|reads| reads > 0), "{two}");
+    let none = node.ctl(&[&args[..], &["--client-threads", "0"]].concat());
+    assert_eq!(none.status.code(), Some(2), "{}", String::from_utf8_lossy(&none.stderr));
 }
 
 /// `--rdma-listen` on a host with no RDMA device (or a build without the

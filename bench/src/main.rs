@@ -303,7 +303,14 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     );
     write_random(&work.join("data.bin"), data_bytes)?;
     write_random(&work.join("tokens.bin"), data_bytes)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    // The sluice client runs on one worker thread, as `sluicectl bench read`
+    // and the blocking (Python) client do: a connection's reader task then
+    // wakes the batch it answers on its own thread, not another worker's.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     let workloads = workload::ALL.to_vec();
     let mut results = Vec::new();
     let node_dir = work.join("node");

@@ -73,3 +73,16 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()
         .map_err(|e| CtlError::Failed(format!("starting a runtime: {e}")))
 }
+
+/// A runtime of `workers` threads for a read benchmark's client. With one,
+/// a TCP connection's reader task wakes the batch it answers on its own
+/// thread rather than another worker's (a futex wake-up each batch, tens
+/// of microseconds on a virtual machine): see `sluicectl bench read
+/// --client-threads`.
+pub fn runtime_with_workers(workers: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .enable_all()
+        .build()
+        .map_err(|e| CtlError::Failed(format!("starting a runtime: {e}")))
+}

@@ -264,6 +264,11 @@ pub enum BenchCommand {
         /// and count mismatches (`mismatched_ranges`).
         #[arg(long, value_name = "FILE")]
         verify: Option<PathBuf>,
+        /// Worker threads of the client's runtime. One, as the blocking
+        /// client (Python's) runs: the connection's reader task and the
+        /// batches it answers then share a thread.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        client_threads: u16,
     },
 }
 

@@ -84,7 +84,17 @@ fn run(cli: &Cli) -> Result<()> {
             replay::run(&api, state, *step, *global_batch, dump.as_deref(), cli.json)
         }
         Command::Completion { .. } | Command::Man { .. } => Ok(()),
-        Command::Bench(BenchCommand::Read { name, size, batch, inflight, seconds, align, sequential, verify }) => {
+        Command::Bench(BenchCommand::Read {
+            name,
+            size,
+            batch,
+            inflight,
+            seconds,
+            align,
+            sequential,
+            verify,
+            client_threads,
+        }) => {
             let verify_against = match verify {
                 Some(path) => Some(Arc::new(std::fs::read(path).map_err(local(path))?)),
                 None => None,
@@ -100,7 +110,7 @@ fn run(cli: &Cli) -> Result<()> {
                 batches_per_worker: None,
                 verify_against,
             };
-            bench::read(&api, name, params, cli.json)
+            bench::read(&api, name, params, usize::from(*client_threads), cli.json)
         }
     }
 }

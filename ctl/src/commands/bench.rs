@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::api::{runtime, Api};
+use crate::api::{runtime_with_workers, Api};
 use crate::error::{CtlError, Result};
 use crate::readbench::{self, BenchParams};
 
-pub fn read(api: &Api, name: &str, params: BenchParams, json: bool) -> Result<()> {
-    runtime()?.block_on(async {
+pub fn read(api: &Api, name: &str, params: BenchParams, client_threads: usize, json: bool) -> Result<()> {
+    runtime_with_workers(client_threads)?.block_on(async {
         let client = api.connect().await?;
         let dataset = Arc::new(client.open_with(name, api.open_options()).await?);
         let report = readbench::run(dataset, params).await?;
