@@ -16,6 +16,7 @@ WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/sluice-bench.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 start_node() { # io mode
+    rm -f "$WORK/node.out" # the wait below must not read a stopped node's lines
     "$BIN/sluiced" --data-dir "$WORK/node" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$1" --insecure \
         >"$WORK/node.out" 2>"$WORK/node.err" &
     NODE_PID=$!
