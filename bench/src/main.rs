@@ -174,6 +174,9 @@ fn layout(short: bool, out: Option<PathBuf>) -> Result<Layout, String> {
             workspace.join("bench").join("results").join(&date)
         }
     });
+    // Absolute: the peers (nginx's prefix among them) are handed paths
+    // inside it and run from other directories.
+    let out = std::path::absolute(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let work = out.join("tmp");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
