@@ -45,7 +45,7 @@ mod result;
 #[cfg(test)]
 mod tests;
 
-use self::core::CoreEngine;
+use self::core::{CoreEngine, CoreShared, PollerSlots};
 pub use reply::{BatchCompletion, Outcome, Reply};
 pub use result::{spare_ranges, BatchResult};
 
@@ -134,7 +134,8 @@ impl Placement {
 /// O_DIRECT and 64 × 4 stayed within the noise. 30 µs missed most of the
 /// gain (the client's turnaround is longer than that) and 200 µs gave no
 /// more. Before connections lived on cores, polling took the CPU their
-/// tasks needed and lost.
+/// tasks needed and lost. Cores poll on at most one fewer than the node's
+/// CPUs at once (see `core::poll`).
 pub const POLL_WINDOW_US_DEFAULT: u64 = 100;
 
 /// A quarter of each core's slots is kept for the latency lane, so small
@@ -319,6 +320,7 @@ impl DataPlane {
         let mut leased_counters = Vec::with_capacity(config.cores);
         let mut runtimes = Vec::with_capacity(config.cores);
         let mut held: Vec<Arc<AtomicUsize>> = Vec::with_capacity(config.cores);
+        let pollers = PollerSlots::for_cpus(std::thread::available_parallelism().map_or(1, |cpus| cpus.get()));
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
             let parked = Arc::new(AtomicBool::new(false));
@@ -336,6 +338,7 @@ impl DataPlane {
             let core_config = config.clone();
             let core_held = Arc::new(AtomicUsize::new(0));
             held.push(Arc::clone(&core_held));
+            let pollers = Arc::clone(&pollers);
             let thread = std::thread::Builder::new()
                 .name(format!("sluice-core-{core}"))
                 .spawn(move || {
@@ -365,7 +368,14 @@ impl DataPlane {
                             let slots = arena.slot_count();
                             let pool = SlotPool::new(Arc::new(arena), wake);
                             let region = (region, slots, pool.leased_counter());
-                            let engine = CoreEngine::new(core, queue, pool, rx, parked, core_held, &core_config);
+                            let engine = CoreEngine::new(
+                                core,
+                                queue,
+                                pool,
+                                rx,
+                                CoreShared { parked, held: core_held, pollers },
+                                &core_config,
+                            );
                             let _ = ready_tx.send(Ok((line, region, runtime.handle().clone())));
                             runtime.block_on(engine.run());
                             // Connections still placed here end with their

@@ -16,6 +16,7 @@ use tokio::io::Interest;
 use super::*;
 use inflight::ActiveBatch;
 use poll::PollWindow;
+pub(super) use poll::PollerSlots;
 
 /// A dataset attached to this core, with what planning needs of its
 /// namespace read once at attach (asking the namespace is a syscall for a
@@ -35,6 +36,16 @@ impl AsRawFd for CompletionFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0
     }
+}
+
+/// What a core shares with the rest of its data plane.
+pub(super) struct CoreShared {
+    /// Raised while the core sleeps, so a returned slot wakes it.
+    pub(super) parked: Arc<AtomicBool>,
+    /// Where the core tells submitters how many batches it holds.
+    pub(super) held: Arc<AtomicUsize>,
+    /// The cores' places to poll (see [`PollerSlots`]).
+    pub(super) pollers: Arc<PollerSlots>,
 }
 
 pub(super) struct CoreEngine {
@@ -81,10 +92,10 @@ impl CoreEngine {
         queue: Queue,
         pool: SlotPool,
         inbox: mpsc::Receiver<CoreMsg>,
-        parked: Arc<AtomicBool>,
-        held: Arc<AtomicUsize>,
+        shared: CoreShared,
         config: &DataPlaneConfig,
     ) -> Self {
+        let CoreShared { parked, held, pollers } = shared;
         let active_max = config.batches_in_flight_max.max(1);
         Self {
             id,
@@ -112,7 +123,7 @@ impl CoreEngine {
             batches_waiting_max: config.batches_waiting_max.max(1),
             verify_chunks: config.verify_chunks,
             clock: std::time::Instant::now(),
-            poll: PollWindow::new(config.poll_window),
+            poll: PollWindow::new(config.poll_window, pollers),
             stopping: false,
         }
     }

@@ -8,20 +8,57 @@
 //! completion. Within the window after its last work the core spins on its
 //! inbox and completion queue instead. The window is bounded, and a core
 //! with no recent work parks as before, so idle cores use no CPU.
+//!
+//! Spinning cores never take every CPU the node may run on: at most one
+//! fewer than that poll at once ([`PollerSlots`]), so a CPU is left to
+//! whatever else must run for the next request to come (the control
+//! plane, the kernel's network work, a client on the same host). Where
+//! two cores shared a 2-vCPU host with their client, both spinning took
+//! the CPU the client needed to answer: O_DIRECT 8 × 4 batches read 1.12×
+//! faster with polling off than on.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// When a core last did work, and how long after that it keeps polling.
+/// How many of a data plane's cores may poll at once: one fewer than the
+/// CPUs the node may run on.
+pub(crate) struct PollerSlots {
+    polling: AtomicUsize,
+    max: usize,
+}
+
+impl PollerSlots {
+    /// Slots for a node that may run on `cpus` CPUs.
+    pub(crate) fn for_cpus(cpus: usize) -> Arc<Self> {
+        Arc::new(Self { polling: AtomicUsize::new(0), max: cpus.saturating_sub(1) })
+    }
+
+    fn take(&self) -> bool {
+        self.polling.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1)).is_ok()
+    }
+
+    fn give_back(&self) {
+        let before = self.polling.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a poller slot given back twice");
+    }
+}
+
+/// When a core last did work, how long after that it keeps polling, and
+/// its place among the cores polling.
 pub(super) struct PollWindow {
     window: Duration,
     last_work: Instant,
+    slots: Arc<PollerSlots>,
+    /// Holds one of `slots`: from the first turn it polls until it sleeps.
+    polling: bool,
 }
 
 impl PollWindow {
-    pub(super) fn new(window: Duration) -> Self {
+    pub(super) fn new(window: Duration, slots: Arc<PollerSlots>) -> Self {
         // Starts closed: a core that has done nothing sleeps.
         let last_work = Instant::now().checked_sub(window).unwrap_or_else(Instant::now);
-        Self { window, last_work }
+        Self { window, last_work, slots, polling: false }
     }
 
     /// Notes that the core did work (a message handled, a completion reaped).
@@ -29,9 +66,29 @@ impl PollWindow {
         self.last_work = now;
     }
 
-    /// Whether the core should poll once more instead of sleeping.
-    pub(super) fn keep_polling(&self, now: Instant) -> bool {
-        !self.window.is_zero() && now.saturating_duration_since(self.last_work) < self.window
+    /// Whether the core should poll once more instead of sleeping: within
+    /// the window after its work, and with a poller slot (kept until it
+    /// sleeps).
+    pub(super) fn keep_polling(&mut self, now: Instant) -> bool {
+        let within = !self.window.is_zero() && now.saturating_duration_since(self.last_work) < self.window;
+        if !within {
+            self.stop_polling();
+        } else if !self.polling {
+            self.polling = self.slots.take();
+        }
+        self.polling
+    }
+
+    fn stop_polling(&mut self) {
+        if std::mem::take(&mut self.polling) {
+            self.slots.give_back();
+        }
+    }
+}
+
+impl Drop for PollWindow {
+    fn drop(&mut self) {
+        self.stop_polling();
     }
 }
 
@@ -41,14 +98,36 @@ mod tests {
 
     #[test]
     fn polls_only_within_the_window_after_work() {
-        let mut poll = PollWindow::new(Duration::from_micros(50));
+        let mut poll = PollWindow::new(Duration::from_micros(50), PollerSlots::for_cpus(2));
         let start = Instant::now();
         assert!(!poll.keep_polling(start), "a core that did nothing sleeps");
         poll.worked(start);
         assert!(poll.keep_polling(start + Duration::from_micros(49)));
         assert!(!poll.keep_polling(start + Duration::from_micros(50)));
 
-        let never = PollWindow::new(Duration::ZERO);
+        let mut never = PollWindow::new(Duration::ZERO, PollerSlots::for_cpus(2));
         assert!(!never.keep_polling(Instant::now()), "a zero window never polls");
+    }
+
+    #[test]
+    fn cores_poll_on_one_fewer_cpus_than_the_node_has() {
+        let slots = PollerSlots::for_cpus(2);
+        let window = Duration::from_micros(100);
+        let (mut first, mut second) =
+            (PollWindow::new(window, Arc::clone(&slots)), PollWindow::new(window, Arc::clone(&slots)));
+        let now = Instant::now();
+        first.worked(now);
+        second.worked(now);
+        assert!(first.keep_polling(now));
+        assert!(first.keep_polling(now), "a polling core keeps its slot");
+        assert!(!second.keep_polling(now), "the other CPU is left to the rest");
+        assert!(!first.keep_polling(now + window), "past its window the first sleeps and gives its slot back");
+        assert!(second.keep_polling(now), "now the second may poll");
+        drop(second);
+        assert_eq!(slots.polling.load(Ordering::Relaxed), 0, "a stopped core gives its slot back");
+
+        let mut alone = PollWindow::new(window, PollerSlots::for_cpus(1));
+        alone.worked(now);
+        assert!(!alone.keep_polling(now), "on one CPU no core spins");
     }
 }
