@@ -309,11 +309,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
     // The sluice client runs on one worker thread, as `sluicectl bench read`
     // and the blocking (Python) client do: a connection's reader task then
     // wakes the batch it answers on its own thread, not another worker's.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = sluicectl::api::runtime_with_workers(1).map_err(|e| e.to_string())?;
     let workloads = workload::ALL.to_vec();
     let mut results = Vec::new();
     let node_dir = work.join("node");

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How many of a data plane's cores may poll at once: one fewer than the
-/// CPUs the node may run on.
+/// CPUs the node may run on, and at least one.
 pub(crate) struct PollerSlots {
     polling: AtomicUsize,
     max: usize,
