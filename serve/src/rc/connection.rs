@@ -209,12 +209,22 @@ impl<R: DatasetResolver> Connection<R> {
                 }
             }
         }
-        // Dropping `self` disconnects and destroys the QP, then returns the
-        // DMA slots of every batch still in flight. Destroying the id of a
-        // connection whose peer is gone can block for the CM's disconnect
-        // timeout (tens of seconds): off the async threads, so other
-        // connections and their watchdogs keep running.
-        tokio::task::spawn_blocking(move || drop(self));
+        // Destroying the id of a connection whose peer is gone can block
+        // for the CM's disconnect timeout (tens of seconds): off the async
+        // threads, so other connections and their watchdogs keep running.
+        tokio::task::spawn_blocking(move || self.close());
+    }
+
+    /// Disconnects and destroys the QP, returns the DMA slots of every
+    /// response still in flight or waiting, then drops the rest, the cm id
+    /// last. The slots go back as soon as the device can no longer read
+    /// them, not after the id's destruction, which may block.
+    fn close(mut self) {
+        self.qp.destroy();
+        let returned = self.in_flight.iter_mut().filter_map(Option::take).count() + self.waiting.len();
+        self.waiting.clear();
+        tracing::debug!(client = self.client_id, returned, "RDMA connection closed; its responses' slots returned");
+        drop(self);
     }
 
     /// Sends the reason a connection closes, and waits briefly for it to go.

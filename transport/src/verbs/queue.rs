@@ -201,10 +201,13 @@ pub struct SendWr<'a> {
 }
 
 /// An RC queue pair on an rdma_cm id. Dropping it disconnects, destroys
-/// the QP, then the id, then lets go of its CQ and PD.
+/// the QP (unless [`QueuePair::destroy`] did), then the id, then lets go of
+/// its CQ and PD.
 pub struct QueuePair {
     // Field order is drop order after `Drop::drop` destroyed the QP.
     id: CmId,
+    /// Set by [`QueuePair::destroy`]: no work request may be posted since.
+    destroyed: bool,
     cq: Arc<CompletionQueue>,
     _pd: ProtectionDomain,
     caps: QueueCaps,
@@ -251,7 +254,15 @@ impl QueuePair {
             recv_wr: attr.cap.max_recv_wr,
             send_sge: attr.cap.max_send_sge.min(caps.send_sge.max(1)),
         };
-        Ok(Self { id, cq: Arc::clone(cq), _pd: pd.clone(), caps: granted, wrs: Vec::new(), sges: Vec::new() })
+        Ok(Self {
+            id,
+            destroyed: false,
+            cq: Arc::clone(cq),
+            _pd: pd.clone(),
+            caps: granted,
+            wrs: Vec::new(),
+            sges: Vec::new(),
+        })
     }
 
     pub fn id(&self) -> &CmId {
@@ -266,12 +277,30 @@ impl QueuePair {
         self.caps
     }
 
+    /// Disconnects and destroys the QP now, leaving the id (and the CQ and
+    /// PD) to the drop. Once this returns the device touches none of the
+    /// memory the QP's work requests named, so their buffers may be reused;
+    /// destroying the id may then block (for the CM's disconnect timeout,
+    /// when the peer is gone) without holding them. Idempotent.
+    pub fn destroy(&mut self) {
+        if std::mem::replace(&mut self.destroyed, true) {
+            return;
+        }
+        // Tell the peer first; it may already be gone.
+        let _ = self.id.disconnect();
+        // SAFETY: the QP was created on this id and, by the flag, is
+        // destroyed once; nothing is posted to it afterwards (the posting
+        // methods assert the flag).
+        unsafe { rdma_sys::rdma_destroy_qp(self.id.raw()) };
+    }
+
     /// Posts one receive into `sge`.
     ///
     /// # Safety
     /// `sge` must name registered local-write memory that nothing else
     /// touches until its completion is polled or the QP is destroyed.
     pub unsafe fn post_recv(&mut self, wr_id: u64, sge: Sge) -> Result<(), VerbsError> {
+        assert!(!self.destroyed, "a receive posted to a destroyed queue pair");
         let mut list = ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
         let mut wr = ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut list, num_sge: 1 };
         let mut bad = ptr::null_mut();
@@ -291,6 +320,7 @@ impl QueuePair {
     /// written, until its request completes or the QP is destroyed; remote
     /// addresses and keys must be ones the peer gave for this purpose.
     pub unsafe fn post_send(&mut self, requests: &[SendWr<'_>]) -> Result<(), VerbsError> {
+        assert!(!self.destroyed, "a send posted to a destroyed queue pair");
         if requests.is_empty() {
             return Ok(());
         }
@@ -349,10 +379,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // Tell the peer first; it may already be gone.
-        let _ = self.id.disconnect();
-        // SAFETY: the QP was created on this id and is destroyed once; the
-        // id, CQ and PD are released after it by field drops.
-        unsafe { rdma_sys::rdma_destroy_qp(self.id.raw()) };
+        // The id, CQ and PD are released after the QP by field drops.
+        self.destroy();
     }
 }
