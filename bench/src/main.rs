@@ -63,6 +63,12 @@ enum Cmd {
         small: u64,
         #[arg(long, default_value_t = 1000)]
         large: u64,
+        /// MiB of data read at random, as in the suite: the count depends
+        /// on it, because reads of a file the host does not cache complete
+        /// apart, and each completion that arrives alone is a turn of the
+        /// core's event loop.
+        #[arg(long, default_value_t = 1024)]
+        data_mib: u64,
     },
     /// sluice's RDMA transport next to perftest (ib_write_bw, ib_read_bw) on
     /// the rig's soft-RoCE pair (or real devices via SLUICE_HW_*); writes
@@ -81,7 +87,7 @@ fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Cmd::All { short, seconds, data_mib, out } => run_all(short, seconds, data_mib, out),
         Cmd::Rdma { seconds, out } => run_rdma(seconds, out),
-        Cmd::Instructions { small, large } => run_instructions(small, large),
+        Cmd::Instructions { small, large, data_mib } => run_instructions(small, large, data_mib),
     };
     match outcome {
         Ok(report) => {
@@ -102,7 +108,7 @@ fn run_rdma(seconds: u64, out: Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(out.join("rdma.md"))
 }
 
-fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
+fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, String> {
     if small >= large {
         return Err(format!("--small ({small}) must be fewer batches than --large ({large})"));
     }
@@ -111,14 +117,14 @@ fn run_instructions(small: u64, large: u64) -> Result<PathBuf, String> {
     let work = target.join("bench-instructions");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    write_random(&work.join("data.bin"), 64 << 20)?;
+    write_random(&work.join("data.bin"), data_mib.max(1) << 20)?;
     let node_dir = work.join("node");
     let (node, endpoint) = Server::sluiced(&[], &bin.join("sluiced"), &node_dir, "direct", &[])?;
     sluicectl(&bin, &endpoint, &["dataset", "create", "bytes", "--kind", "bytes"])?;
     sluicectl(&bin, &endpoint, &["dataset", "ingest", "bytes", &work.join("data.bin").display().to_string()])?;
     sluicectl(&bin, &endpoint, &["dataset", "seal", "bytes"])?;
     drop(node);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let runtime = sluicectl::api::runtime_with_workers(1).map_err(|e| e.to_string())?;
     let count = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", &work, (small, large))?;
     println!(
         "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n\
