@@ -27,14 +27,8 @@ BULK_CLIENTS=${3:-2}
 IO_MODE=${IO_MODE:-buffered}
 NAME=steer
 . bench/node.sh
-small() { # seconds
-    SLUICE_SOURCE_ADDR=127.0.0.2 "$BIN/sluicectl" bench read steer --size 4096 --batch 16 --inflight 1 --seconds "$1" --json
-}
-warm_small() { # the small reader's warm-up: one 4 KiB read at a time, well
-    # under the default policy's stream rule (100 MiB in 100 ms), which the
-    # reader's batches of 16 can cross alone on a page-cached node, making
-    # the peer's decision, and so where its next connection goes, a toss-up
-    SLUICE_SOURCE_ADDR=127.0.0.2 "$BIN/sluicectl" bench read steer --size 4096 --batch 1 --inflight 1 --seconds 1 --json
+small() { # seconds [batch, default 16]
+    SLUICE_SOURCE_ADDR=127.0.0.2 "$BIN/sluicectl" bench read steer --size 4096 --batch "${2:-16}" --inflight 1 --seconds "$1" --json
 }
 bulk() { # seconds
     SLUICE_SOURCE_ADDR=127.0.0.3 "$BIN/sluicectl" bench read steer --size 1048576 --batch 4 --inflight 4 --seconds "$1" --json
@@ -50,7 +44,11 @@ run() { # name, node flags...
     start_node "$@"
     if [ "$name" = ebpf ] || [ "$name" = alone ]; then
         "$BIN/sluicectl" --json policy show | grep -q '"available":true' || { echo "steering did not start (root?)" >&2; exit 1; }
-        warm_small >/dev/null
+        # The small reader warms up one 4 KiB read at a time: well under the
+        # default policy's stream rule (100 MiB in 100 ms), which its batches
+        # of 16 can cross alone on a page-cached node, making the peer's
+        # decision, and so where its next connection goes, a toss-up.
+        small 1 1 >/dev/null
         bulk 1 >/dev/null
     fi
     if [ "$name" = alone ]; then

@@ -67,7 +67,7 @@ enum Cmd {
         /// on it, because reads of a file the host does not cache complete
         /// apart, and each completion that arrives alone is a turn of the
         /// core's event loop.
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, default_value_t = DATA_MIB)]
         data_mib: u64,
     },
     /// sluice's RDMA transport next to perftest (ib_write_bw, ib_read_bw) on
@@ -82,6 +82,10 @@ enum Cmd {
         out: Option<PathBuf>,
     },
 }
+
+/// MiB of random bytes the suite (and `bench instructions`) reads: more
+/// than the host caches of its disk, so reads reach the device.
+const DATA_MIB: u64 = 1024;
 
 fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
@@ -299,7 +303,7 @@ fn record(results: &mut Vec<Measurement>, outcome: Result<Measurement, String>, 
 
 fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option<PathBuf>) -> Result<PathBuf, String> {
     let seconds = seconds.unwrap_or(if short { 1.0 } else { 10.0 });
-    let data_bytes = data_mib.unwrap_or(if short { 32 } else { 1024 }) << 20;
+    let data_bytes = data_mib.unwrap_or(if short { 32 } else { DATA_MIB }) << 20;
     let versions = versions()?;
     let layout = layout(short, out)?;
     let bin = built_binaries(&layout.workspace, &layout.target)?;
