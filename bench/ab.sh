@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two node configurations side by side: the same binary and bytes, both
 # nodes up at once, measured alternately ROUNDS times, SECONDS each:
+#   4 KiB random reads at QD 1: IOPS
 #   4 KiB random reads at QD 32 (4 batches of 8 in flight): IOPS
 #   1 MiB sequential reads, 16 in flight: GB/s
 # then the medians and the ratio B / A. Nodes listen on loopback with
@@ -61,11 +62,12 @@ for side in a b; do ctl "$side" --json bench read data --size 4096 --batch 8 --i
 : >"$WORK/results"
 for round in $(seq "$ROUNDS"); do
     for side in a b; do
+        qd1=$(ctl "$side" --json bench read data --size 4096 --batch 1 --inflight 1 --seconds "$SECONDS_EACH" | field iops)
         iops=$(ctl "$side" --json bench read data --size 4096 --batch 8 --inflight 4 --seconds "$SECONDS_EACH" | field iops)
         gbs=$(ctl "$side" --json bench read data --size 1048576 --batch 1 --inflight 16 --sequential \
             --seconds "$SECONDS_EACH" | field gb_per_s)
-        echo "$side $iops $gbs" >>"$WORK/results"
-        echo "round $round $side: 4 KiB QD 32 $iops IOPS, 1 MiB sequential $gbs GB/s" >&2
+        echo "$side $iops $gbs $qd1" >>"$WORK/results"
+        echo "round $round $side: 4 KiB QD 1 $qd1 IOPS, QD 32 $iops IOPS, 1 MiB sequential $gbs GB/s" >&2
     done
 done
 python3 - "$WORK/results" "$IO_MODE" "$LABEL_A" "$LABEL_B" <<'PY'
@@ -74,9 +76,11 @@ rows = [line.split() for line in open(sys.argv[1])]
 mode, a, b = sys.argv[2:5]
 med = lambda side, i: statistics.median(float(r[i]) for r in rows if r[0] == side)
 a4, b4, a1, b1 = med("a", 1), med("b", 1), med("a", 2), med("b", 2)
+aq, bq = med("a", 3), med("b", 3)
 print(f"io mode {mode}, medians of {len(rows) // 2} rounds")
 print(f"| workload | {a} | {b} | {b} / {a} |")
 print("| --- | ---: | ---: | ---: |")
+print(f"| 4 KiB random, QD 1 | {aq / 1e3:.1f} k IOPS | {bq / 1e3:.1f} k IOPS | {bq / aq:.2f} |")
 print(f"| 4 KiB random, QD 32 (8 x 4) | {a4 / 1e3:.0f} k IOPS | {b4 / 1e3:.0f} k IOPS | {b4 / a4:.2f} |")
 print(f"| 1 MiB sequential, 16 in flight | {a1:.2f} GB/s | {b1:.2f} GB/s | {b1 / a1:.2f} |")
 PY

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{random_file, sealed_dataset, NodeProcess};
+use common::{assert_socket_io, random_file, sealed_dataset, NodeProcess};
 use rand::{Rng, SeedableRng};
 use sluice_client::blocking::Client;
 use sluice_client::{OpenOptions, RangeStatus, ReadRange};
@@ -12,8 +12,19 @@ use sluice_client::{OpenOptions, RangeStatus, ReadRange};
 /// read back byte-exact from a dataset ingested from three files.
 #[test]
 fn random_ranges_read_back_byte_exact() {
+    random_ranges_read_back_byte_exact_over(&[]);
+}
+
+/// The same over the cores' socket rings (io_uring) instead of readiness.
+#[test]
+fn random_ranges_read_back_byte_exact_over_the_socket_ring() {
+    random_ranges_read_back_byte_exact_over(&["--socket-io", "uring"]);
+}
+
+fn random_ranges_read_back_byte_exact_over(socket_io: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = NodeProcess::start(&dir.path().join("node"));
+    let node = NodeProcess::start_with(&dir.path().join("node"), socket_io);
+    assert_socket_io(&node, socket_io);
     let sizes = [9_999_991usize, 1, 14_680_065];
     let mut expected = Vec::new();
     let mut paths = Vec::new();

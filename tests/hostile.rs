@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, random_file, sealed_dataset, NodeProcess};
+use common::{assert_socket_io, eventually, random_file, sealed_dataset, NodeProcess};
 use rand::{Rng, SeedableRng};
 use sluice_client::blocking::Client;
 use sluice_client::{RangeStatus, ReadRange};
@@ -56,11 +56,23 @@ fn non_reader(addr: &str) -> Option<TcpStream> {
 
 #[test]
 fn hostile_clients_do_not_hurt_good_ones() {
+    hostile_clients_do_not_hurt_good_ones_over(&[]);
+}
+
+/// The same over the cores' socket rings (io_uring) instead of readiness.
+#[test]
+fn hostile_clients_do_not_hurt_good_ones_over_the_socket_ring() {
+    hostile_clients_do_not_hurt_good_ones_over(&["--socket-io", "uring"]);
+}
+
+fn hostile_clients_do_not_hurt_good_ones_over(socket_io: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("node.toml");
     std::fs::write(&config, "write_timeout_ms = 1000\nconnections_max = 1500\nconnections_per_source_max = 1500\n")
         .expect("config");
-    let node = NodeProcess::start_with(&dir.path().join("node"), &["--config", config.to_str().expect("p")]);
+    let flags = [&["--config", config.to_str().expect("p")][..], socket_io].concat();
+    let node = NodeProcess::start_with(&dir.path().join("node"), &flags);
+    assert_socket_io(&node, socket_io);
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 16 << 20, 21));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
     let fds_before = node.fd_count();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, random_file, sealed_dataset, NodeProcess};
+use common::{assert_socket_io, eventually, random_file, sealed_dataset, NodeProcess};
 use sluice_client::blocking::Client;
 use sluice_client::{RangeStatus, ReadRange};
 use sluice_proto::codec::{self, ControlMessage};
@@ -237,8 +237,19 @@ fn connections_that_never_say_hello_are_closed_at_the_deadline() {
 
 #[test]
 fn a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return() {
+    a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return_over(&[]);
+}
+
+/// The same over the cores' socket rings (io_uring) instead of readiness.
+#[test]
+fn a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return_over_the_socket_ring() {
+    a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return_over(&["--socket-io", "uring"]);
+}
+
+fn a_reader_that_drains_a_byte_a_second_is_dropped_and_its_slots_return_over(socket_io: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = NodeProcess::start(&dir.path().join("node"));
+    let node = NodeProcess::start_with(&dir.path().join("node"), socket_io);
+    assert_socket_io(&node, socket_io);
     let data = Arc::new(random_file(&dir.path().join("data.bin"), 96 << 20, 7));
     sealed_dataset(&node, "data", &[&dir.path().join("data.bin")]);
     // Opened once, so the dataset's files are open before the count.

@@ -6,14 +6,21 @@
 //! removed under its lock) costs more than the work. [`within`] polls the
 //! work once and arms the timer only if it would wait, so the deadline
 //! still bounds every wait.
+//!
+//! A connection that waits for its next request waits nearly every time
+//! (a queue-depth-1 client sends it a round trip later), so there
+//! [`Lazy`] keeps one timer across waits and moves it only when a
+//! deadline comes sooner than it: a timer armed afresh for each wait, the
+//! soonest in the runtime, wakes the runtime's driver (a syscall) every
+//! time.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::error::Elapsed;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// Runs `work`; if it does not finish at once, gives it until `limit`
 /// from now.
@@ -36,6 +43,48 @@ async fn at_once_or_by<F: Future>(work: F, deadline: impl FnOnce() -> Instant) -
     }
 }
 
+/// One timer kept across a series of waits (a connection's requests),
+/// each bounded by its own deadline.
+#[derive(Default)]
+pub struct Lazy {
+    /// Never later than the deadline of the wait under way; earlier after
+    /// a deadline moved on, when it fires early and is moved once.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Lazy {
+    /// Runs `work`; if it does not finish at once, gives it until `at`.
+    /// `None` when `at` passed first.
+    pub async fn until<F: Future>(&mut self, at: Instant, work: F) -> Option<F::Output> {
+        let mut work = pin!(work);
+        if let Poll::Ready(done) = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+            return Some(done);
+        }
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                if timer.deadline() > at {
+                    timer.as_mut().reset(at);
+                }
+                timer
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut work => return Some(done),
+                () = timer.as_mut() => {
+                    if Instant::now() >= at {
+                        return None;
+                    }
+                    // Armed for an earlier wait's deadline: move it on.
+                    timer.as_mut().reset(at);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +101,28 @@ mod tests {
         let at = Instant::now() + Duration::from_millis(50);
         assert!(until(at, std::future::pending::<()>()).await.is_err());
         assert!(Instant::now() >= at);
+    }
+
+    /// A kept timer bounds each wait by that wait's own deadline, sooner
+    /// or later than the last one's.
+    #[tokio::test]
+    async fn a_kept_timer_bounds_each_wait_by_its_own_deadline() {
+        let mut lazy = Lazy::default();
+        assert_eq!(lazy.until(Instant::now(), async { 7 }).await, Some(7), "ready work finishes");
+        let soon = Instant::now() + Duration::from_millis(30);
+        assert_eq!(lazy.until(soon, std::future::pending::<()>()).await, None);
+        assert!(Instant::now() >= soon);
+        // Later than the timer: it fires early and is moved on, not obeyed.
+        let later = Instant::now() + Duration::from_millis(80);
+        let work = tokio::time::sleep(Duration::from_millis(40));
+        assert!(lazy.until(later, work).await.is_some(), "work due before its deadline finishes");
+        assert_eq!(lazy.until(later, std::future::pending::<()>()).await, None);
+        assert!(Instant::now() >= later);
+        // Sooner than the timer: it is moved in.
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(lazy.until(far, tokio::time::sleep(Duration::from_millis(5))).await.is_some());
+        let sooner = Instant::now() + Duration::from_millis(20);
+        assert_eq!(lazy.until(sooner, std::future::pending::<()>()).await, None);
+        assert!(Instant::now() >= sooner && Instant::now() < far);
     }
 }

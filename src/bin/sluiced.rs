@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::config::{DriverChoice, IoModeChoice};
+use sluice::config::{DriverChoice, IoModeChoice, SocketIoChoice};
 use sluice::{Node, NodeConfig};
 
 #[derive(Parser, Debug)]
@@ -75,6 +75,11 @@ struct Args {
     /// sleeps (default 100); 0 sleeps at once.
     #[arg(long, value_name = "MICROSECONDS")]
     poll_window_us: Option<u64>,
+    /// How plain-TCP connections' sockets are driven: `readiness` (epoll
+    /// and a syscall each, the default) or `uring` (the core's socket
+    /// ring).
+    #[arg(long, value_parser = ["uring", "readiness"])]
+    socket_io: Option<String>,
     /// No access control (local development only): the control API checks
     /// no credential, any client that reaches the data port reads any
     /// sealed dataset, and listeners off loopback need no TLS.
@@ -192,6 +197,11 @@ fn main() -> ExitCode {
     }
     if let Some(us) = args.poll_window_us {
         config.poll_window_us = us;
+    }
+    match args.socket_io.as_deref() {
+        Some("uring") => config.socket_io = SocketIoChoice::Uring,
+        Some("readiness") => config.socket_io = SocketIoChoice::Readiness,
+        _ => {}
     }
     config.insecure |= args.insecure;
     config.data_tls |= args.data_tls;

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{DriverChoice, IoModeChoice, NodeConfig};
+use crate::config::{DriverChoice, IoModeChoice, NodeConfig, SocketIoChoice};
 
 mod steering;
 mod transports;
@@ -262,6 +262,10 @@ impl Node {
             idle_timeout: std::time::Duration::from_secs(config.idle_timeout_s.max(1)),
             connections_per_source_max: config.connections_per_source_max.max(1),
             drain_bytes_per_s_min: config.drain_bytes_per_s_min.max(1),
+            socket_io: match config.socket_io {
+                SocketIoChoice::Uring => sluice_serve::SocketIo::Uring,
+                SocketIoChoice::Readiness => sluice_serve::SocketIo::Readiness,
+            },
         };
         // Control work (the HTTP API, opens, the catalog, replication) runs
         // on a runtime of its own, so no catalog call, fsync, etcd request

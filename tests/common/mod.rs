@@ -231,6 +231,28 @@ impl NodeProcess {
     pub fn fd_count(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map(|d| d.count()).unwrap_or(0)
     }
+
+    /// The node's io_uring instances: one block queue per core, and with
+    /// `--socket-io uring` a socket ring per core too.
+    pub fn io_uring_count(&self) -> usize {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", self.child.id())) else { return 0 };
+        fds.flatten()
+            .filter(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == "anon_inode:[io_uring]")
+            })
+            .count()
+    }
+}
+
+/// Checks that a node started with `socket_io` flags serves its TCP
+/// connections the way they ask: its two cores (`--cores 2`) each hold a
+/// socket ring beside their block queue, or only the block queue.
+pub fn assert_socket_io(node: &NodeProcess, socket_io: &[&str]) {
+    let rings = if socket_io.contains(&"uring") { 4 } else { 2 };
+    // The rings start with their cores' listeners, just after the node
+    // says where it serves.
+    eventually(10, || node.io_uring_count() == rings);
+    assert_eq!(node.io_uring_count(), rings, "io_uring instances of a node started with {socket_io:?}");
 }
 
 /// Waits up to `seconds` for `check` to hold.

@@ -8,21 +8,29 @@
 //! outcome comes back on the connection's completion queue under a tag
 //! (not a channel of its own), and the writer keeps its buffers.
 
+mod ring;
+#[cfg(test)]
+mod ring_tests;
+mod sink;
+mod socket;
+
 use std::collections::HashMap;
 use std::future::Future;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ring::SocketRing;
 use rustc_hash::FxHashMap;
+use sink::{FrameSink, StreamSink};
 use sluice_dataplane::steer::peer_key;
 use sluice_dataplane::{spare_ranges, BatchCompletion, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use socket::Socket;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, SocketIo};
 use crate::deadline;
 use crate::metrics::{settle_outcome, DatasetCounters};
 use crate::read_through;
@@ -30,7 +38,7 @@ use crate::session::DatasetResolver;
 use crate::session::{Admission, ControlAction, Fatal, Session};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode};
 use sluice_proto::wire::{self, BatchStatus, FrameKind};
-use sluice_transport::frame::{control_frame, read_frame_header, write_all_flushed, write_all_vectored};
+use sluice_transport::frame::{control_frame, read_frame_header};
 
 /// How long a TLS client may take over its handshake.
 const TLS_HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -140,6 +148,21 @@ impl<R: DatasetResolver> TcpServer<R> {
     /// of `placement`'s core; each is served there.
     async fn serve(self: Arc<Self>, listener: TcpListener, placement: Placement, mut shutdown: watch::Receiver<bool>) {
         let config = &self.config;
+        let ring = match (config.socket_io, &config.tls) {
+            (SocketIo::Uring, None) => match SocketRing::start() {
+                Ok(ring) => Some(ring),
+                Err(err) => {
+                    tracing::warn!(
+                        core = placement.core(),
+                        "no socket ring ({err}); connections use readiness and syscalls"
+                    );
+                    None
+                }
+            },
+            // TLS records are sealed and opened by rustls over a byte
+            // stream; they stay on the event loop's readiness path.
+            (SocketIo::Uring, Some(_)) | (SocketIo::Readiness, _) => None,
+        };
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -169,8 +192,9 @@ impl<R: DatasetResolver> TcpServer<R> {
                             peer,
                             placement: placement.clone(),
                         };
+                        let ring = ring.clone();
                         tokio::spawn(async move {
-                            connection.run(stream).await;
+                            connection.run(stream, ring).await;
                             drop(source);
                             drop(slot);
                         });
@@ -223,11 +247,20 @@ struct Connection<R> {
 }
 
 impl<R: DatasetResolver> Connection<R> {
-    async fn run(self, stream: TcpStream) {
+    async fn run(self, stream: TcpStream, ring: Option<SocketRing>) {
         let _ = stream.set_nodelay(true);
         let Some(tls) = self.config.tls.clone() else {
-            let (reader, writer) = stream.into_split();
-            return self.serve(reader, writer, None).await;
+            let Some(ring) = ring else {
+                let (reader, writer) = stream.into_split();
+                let reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
+                return self.serve(reader, StreamSink::new(writer), None).await;
+            };
+            let socket = match stream.into_std().and_then(Socket::new) {
+                Ok(socket) => socket,
+                Err(err) => return tracing::warn!(peer = %self.peer, "taking a connection onto the socket ring: {err}"),
+            };
+            let reader = socket::Reader::new(ring.clone(), Arc::clone(&socket), REQUEST_BUFFER_BYTES);
+            return self.serve(reader, socket::Writer::new(ring, socket), None).await;
         };
         let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
         let within = self.config.handshake_timeout.min(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
@@ -235,7 +268,8 @@ impl<R: DatasetResolver> Connection<R> {
             Ok(Ok(stream)) => {
                 let peer_name = sluice_transport::tls::peer_name(stream.get_ref().1.peer_certificates());
                 let (reader, writer) = tokio::io::split(stream);
-                self.serve(reader, writer, peer_name).await;
+                let reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
+                self.serve(reader, StreamSink::new(writer), peer_name).await;
             }
             Ok(Err(err)) => tracing::info!(peer = %self.peer, "TLS handshake failed: {err}"),
             Err(_) => tracing::info!(peer = %self.peer, "no TLS handshake within {within:?}"),
@@ -243,15 +277,14 @@ impl<R: DatasetResolver> Connection<R> {
     }
 
     /// Serves one connection's frames once its transport (plain or TLS)
-    /// is up; `peer_name` is the client certificate's CN, if any.
-    async fn serve<Rd, Wr>(self, reader: Rd, writer: Wr, peer_name: Option<String>)
+    /// is up; `peer_name` is the client certificate's CN, if any. The
+    /// reader is buffered: a request's frame header and its descriptors
+    /// (and the next requests a client pipelined) come out of one `recv`.
+    async fn serve<Rd, Sk>(self, mut reader: Rd, writer: Sk, peer_name: Option<String>)
     where
         Rd: AsyncRead + Unpin,
-        Wr: AsyncWrite + Unpin + Send + 'static,
+        Sk: FrameSink,
     {
-        // A request's frame header and its descriptors (and the next
-        // requests a client pipelined) come out of one `recv`.
-        let mut reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
         let credits = self.config.credits.max(1);
         let (out_tx, out_rx) = mpsc::channel(credits as usize + 8);
         // Unbounded, but never holds more than the batches the credits let
@@ -331,6 +364,8 @@ impl<R: DatasetResolver> Connection<R> {
         let mut payload = Vec::new();
         let credits = self.config.credits.max(1) as usize;
         let mut next_tag = 0u64;
+        // One timer for every wait for a request (see `deadline::Lazy`).
+        let mut frame_deadline = deadline::Lazy::default();
         loop {
             let deadline = session.deadline(semaphore.available_permits() == credits);
             let frame = async {
@@ -343,7 +378,7 @@ impl<R: DatasetResolver> Connection<R> {
             let frame = async {
                 match deadline {
                     // The deadline bounds the whole frame, a slow trickle included.
-                    Some((at, why)) => deadline::until(at.into(), frame).await.map_err(|_| Fatal::Deadline(why))?,
+                    Some((at, why)) => frame_deadline.until(at.into(), frame).await.ok_or(Fatal::Deadline(why))?,
                     None => frame.await,
                 }
             };
@@ -488,12 +523,11 @@ struct InFlight {
 }
 
 /// Writes control replies in order and batch responses as they complete.
-async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, drain: Drain, peer: SocketAddr) {
+async fn write_loop<Sk: FrameSink>(mut sink: Sk, mut queues: Queues, drain: Drain, peer: SocketAddr) {
     let timeout = drain.write_timeout;
     // Kept from one response to the next, so a response allocates none.
     let mut head = Vec::with_capacity(256);
     let mut statuses: Vec<u8> = Vec::new();
-    let mut spare_slices: Vec<IoSlice<'static>> = Vec::new();
     let mut open = true;
     let mut completing = true;
     // Once the reader is gone it enters no more batches: the writer stays
@@ -505,7 +539,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, 
             next = queues.outgoing.recv(), if open => match next {
                 None => { open = false; None }
                 Some(Outgoing::Control(frame)) => {
-                    let written = deadline::within(timeout, write_all_flushed(&mut writer, &frame)).await;
+                    let written = deadline::within(timeout, sink.send_frame(&frame)).await;
                     if !wrote(written, timeout, peer) {
                         break;
                     }
@@ -513,7 +547,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, 
                 }
                 Some(Outgoing::Refused { batch_id, range_count, status, permit }) => {
                     let failed = FailedBatch { batch_id, range_count, status };
-                    let written = failed.write(&mut writer, &mut head, &mut statuses, timeout).await;
+                    let written = failed.write(&mut sink, &mut head, &mut statuses, timeout).await;
                     drop(permit);
                     if !wrote(written, timeout, peer) {
                         break;
@@ -543,19 +577,12 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, 
                 statuses.clear();
                 statuses.extend(result.statuses().iter().map(|s| *s as u8));
                 wire::encode_batch_response_head(&mut head, batch.batch_id, BatchStatus::Ok, &statuses, payload_bytes);
-                // Borrows this response's head and slots, in the vector the
-                // last response used.
-                let mut slices = recycled(std::mem::take(&mut spare_slices));
-                slices.push(IoSlice::new(&head));
-                result.push_io_slices(&mut slices);
                 let within = drain.within(head.len() as u64 + payload_bytes);
-                let written = deadline::within(within, write_all_vectored(&mut writer, &mut slices)).await;
-                spare_slices = recycled(slices);
-                written
+                deadline::within(within, sink.send_batch(&head, result)).await
             }
             Err(status) => {
                 let failed = FailedBatch { batch_id: batch.batch_id, range_count: batch.range_count, status };
-                failed.write(&mut writer, &mut head, &mut statuses, timeout).await
+                failed.write(&mut sink, &mut head, &mut statuses, timeout).await
             }
         };
         drop(batch.permit);
@@ -564,7 +591,7 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(mut writer: Wr, mut queues: Queues, 
         }
     }
     // Outcomes still queued drop here, which returns their DMA slots.
-    let _ = writer.shutdown().await;
+    sink.close().await;
 }
 
 /// A batch answered whole with a failure status: refused before the data
@@ -578,9 +605,9 @@ struct FailedBatch {
 impl FailedBatch {
     /// Writes its response (every range `IoError`, no payload) through the
     /// writer's reused `head` and `statuses` buffers.
-    async fn write<Wr: AsyncWrite + Unpin>(
+    async fn write<Sk: FrameSink>(
         &self,
-        writer: &mut Wr,
+        sink: &mut Sk,
         head: &mut Vec<u8>,
         statuses: &mut Vec<u8>,
         timeout: Duration,
@@ -588,7 +615,7 @@ impl FailedBatch {
         statuses.clear();
         statuses.resize(self.range_count as usize, sluice_proto::RangeStatus::IoError as u8);
         wire::encode_batch_response_head(head, self.batch_id, self.status, statuses, 0);
-        deadline::within(timeout, write_all_flushed(writer, head)).await
+        deadline::within(timeout, sink.send_frame(head)).await
     }
 }
 
@@ -609,12 +636,4 @@ fn wrote(
             false
         }
     }
-}
-
-/// `slices` emptied, with its allocation, for slices of another lifetime:
-/// collecting a vector's own iterator reuses its buffer when the element
-/// size and alignment match, as they do here.
-fn recycled<'b>(mut slices: Vec<IoSlice<'_>>) -> Vec<IoSlice<'b>> {
-    slices.clear();
-    slices.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
