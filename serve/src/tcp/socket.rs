@@ -67,7 +67,10 @@ impl Reader {
 
     /// Starts a receive into the (whole, empty) buffer.
     fn receive(&mut self) -> io::Result<()> {
-        let Some(mut buffer) = self.buffer.take() else { return Ok(()) };
+        let Some(mut buffer) = self.buffer.take() else {
+            // Only a submission that failed loses it (with its error).
+            return Err(io::Error::other("the connection's receive buffer went with a failed submission"));
+        };
         let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
         let entry = opcode::Recv::new(self.socket.fd(), buffer.as_mut_ptr(), len).build();
         // SAFETY: the entry points into `buffer`'s heap memory, lent to the
