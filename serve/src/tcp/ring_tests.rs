@@ -105,7 +105,7 @@ fn a_reader_dropped_while_it_waits_cancels_its_receive() {
 }
 
 #[test]
-fn a_send_cut_off_by_its_deadline_is_cancelled_and_the_connection_survives_it() {
+fn a_send_cut_off_by_its_deadline_is_cancelled_and_the_writer_goes_on() {
     runtime().block_on(async {
         let Some(ring) = ring_or_skip() else { return };
         let (node, client) = connected();
