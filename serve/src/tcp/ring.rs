@@ -81,19 +81,52 @@ struct Slot {
     lent: Option<Lent>,
 }
 
+/// The operations' places, and which are free.
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+impl Slots {
+    /// A free place for an operation lending `lent`: its index and
+    /// generation.
+    fn take(&mut self, lent: Lent) -> io::Result<(u32, u32)> {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let index = u32::try_from(self.slots.len()).map_err(|_| io::Error::other("socket ring full"))?;
+                self.slots.push(Slot { phase: Phase::Free, generation: 0, lent: None });
+                index
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        debug_assert!(matches!(slot.phase, Phase::Free));
+        slot.phase = Phase::InFlight { waker: None, abandoned: false };
+        slot.lent = Some(lent);
+        Ok((index, slot.generation))
+    }
+
+    /// Frees place `index`; what it lent, if anything, is returned.
+    fn release(&mut self, index: u32) -> Option<Lent> {
+        let slot = &mut self.slots[index as usize];
+        slot.phase = Phase::Free;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(index);
+        slot.lent.take()
+    }
+}
+
 struct State {
     ring: IoUring,
     /// With deferred task running: the eventfd the ring signals when work
     /// waits for the core. Declared after the ring, so closed after it.
     wake_fd: Option<OwnedFd>,
-    slots: Vec<Slot>,
-    free: Vec<u32>,
+    slots: Slots,
     /// Operations submitted whose completion has not been reaped.
     in_flight: usize,
     /// Entries wait in the submission queue.
     queued: bool,
-    /// Wakers of finished operations, woken once the state is unlocked.
-    to_wake: Vec<Waker>,
 }
 
 /// An operation this ring runs: whoever holds it owns its completion.
@@ -163,22 +196,13 @@ impl SocketRing {
         };
         let fd = wake_fd.as_ref().map_or(ring.as_raw_fd(), AsRawFd::as_raw_fd);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                ring,
-                wake_fd,
-                slots: Vec::new(),
-                free: Vec::new(),
-                in_flight: 0,
-                queued: false,
-                to_wake: Vec::new(),
-            }),
+            state: Mutex::new(State { ring, wake_fd, slots: Slots::default(), in_flight: 0, queued: false }),
             handles: AtomicUsize::new(1),
             last_handle_gone: Notify::new(),
             submit_due: Notify::new(),
         });
-        // SAFETY: the fd is the ring's own (or its eventfd), open for as
-        // long as `shared` holds the ring; the reaping task holds both and drops the watch
-        // first (see `Reaper`).
+        // SAFETY: the fd is the ring's (or its eventfd), open while `shared`
+        // holds the ring; the reaping task drops the watch first (`Reaper`).
         let watched = unsafe { AsyncFd::register_with_interest(RingFd(fd), Interest::READABLE) }
             .map_err(|err| err.into_parts().1)?;
         tokio::spawn(reap_until_unused(Reaper { watched, shared: Arc::clone(&shared) }));
@@ -207,19 +231,7 @@ impl SocketRing {
     /// ring, and be valid for the operation's access.
     pub(super) unsafe fn submit(&self, entry: squeue::Entry, lent: Lent, at: At) -> io::Result<Op> {
         let mut state = self.state();
-        let index = match state.free.pop() {
-            Some(index) => index,
-            None => {
-                let index = u32::try_from(state.slots.len()).map_err(|_| io::Error::other("socket ring full"))?;
-                state.slots.push(Slot { phase: Phase::Free, generation: 0, lent: None });
-                index
-            }
-        };
-        let slot = &mut state.slots[index as usize];
-        debug_assert!(matches!(slot.phase, Phase::Free));
-        let generation = slot.generation;
-        slot.phase = Phase::InFlight { waker: None, abandoned: false };
-        slot.lent = Some(lent);
+        let (index, generation) = state.slots.take(lent)?;
         let entry = entry.user_data(user_data(index, generation));
         let queued = state.queue(&entry).and_then(|first| match at {
             At::Once => state.submit_queued().map(|()| false),
@@ -228,7 +240,7 @@ impl SocketRing {
         let first = match queued {
             Ok(first) => first,
             Err(err) => {
-                state.release(index);
+                state.slots.release(index);
                 return Err(err);
             }
         };
@@ -279,38 +291,24 @@ impl State {
         }
     }
 
-    /// Frees place `index` (and drops what it lent, if anything).
-    fn release(&mut self, index: u32) -> Option<Lent> {
-        let slot = &mut self.slots[index as usize];
-        slot.phase = Phase::Free;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.free.push(index);
-        slot.lent.take()
-    }
-
     /// Takes every completion the kernel posted; the tasks waiting on them
-    /// go to `to_wake`. What abandoned operations lent is returned, to be
-    /// dropped once the state is unlocked (a batch result gives its DMA
-    /// slots back when dropped).
-    fn reap(&mut self, orphans: &mut Vec<Lent>) {
-        let State { ring, slots, free, in_flight, to_wake, .. } = self;
+    /// go to `to_wake`, to be woken once the state is unlocked, and what
+    /// abandoned operations lent to `orphans`, to be dropped then (a batch
+    /// result gives its DMA slots back when dropped).
+    fn reap(&mut self, to_wake: &mut Vec<Waker>, orphans: &mut Vec<Lent>) {
+        let State { ring, slots, in_flight, .. } = self;
         for cqe in ring.completion() {
             if cqe.user_data() == CANCEL_USER_DATA {
                 continue;
             }
             let (index, generation) = split_user_data(cqe.user_data());
-            let Some(slot) = slots.get_mut(index as usize) else { continue };
+            let Some(slot) = slots.slots.get_mut(index as usize) else { continue };
             if slot.generation != generation {
                 continue;
             }
             match std::mem::replace(&mut slot.phase, Phase::Done(cqe.result())) {
                 Phase::InFlight { waker, abandoned: false } => to_wake.extend(waker),
-                Phase::InFlight { abandoned: true, .. } => {
-                    slot.phase = Phase::Free;
-                    slot.generation = slot.generation.wrapping_add(1);
-                    free.push(index);
-                    orphans.extend(slot.lent.take());
-                }
+                Phase::InFlight { abandoned: true, .. } => orphans.extend(slots.release(index)),
                 // Never: one completion per operation (none is multishot).
                 phase @ (Phase::Free | Phase::Done(_)) => {
                     slot.phase = phase;
@@ -341,20 +339,6 @@ fn split_user_data(user_data: u64) -> (u32, u32) {
     (user_data as u32, (user_data >> 32) as u32)
 }
 
-/// Wakes `wakers` and gives their vector back to the ring for next time.
-fn wake_all(mut wakers: Vec<Waker>, shared: &Shared) {
-    if wakers.is_empty() {
-        return;
-    }
-    for waker in wakers.drain(..) {
-        waker.wake();
-    }
-    let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-    if state.to_wake.capacity() < wakers.capacity() {
-        state.to_wake = wakers;
-    }
-}
-
 impl Future for Op {
     /// The completion's result (bytes moved, or a negated errno) and what
     /// the operation lent, given back.
@@ -363,14 +347,13 @@ impl Future for Op {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         assert!(!this.done, "operation polled after it finished");
-        let mut orphans = Vec::new();
-        let (finished, to_wake) = {
+        let (mut to_wake, mut orphans) = (Vec::new(), Vec::new());
+        let finished = {
             let mut state = this.ring.state();
-            // Most operations finished while they were submitted: look in
+            // A send usually finished inside its own submission: look in
             // the completion queue before waiting for the reaping task.
-            state.reap(&mut orphans);
-            let to_wake = std::mem::take(&mut state.to_wake);
-            let slot = &mut state.slots[this.index as usize];
+            state.reap(&mut to_wake, &mut orphans);
+            let slot = &mut state.slots.slots[this.index as usize];
             debug_assert_eq!(slot.generation, this.generation);
             let finished = match &mut slot.phase {
                 Phase::Done(result) => Some(*result),
@@ -383,11 +366,10 @@ impl Future for Op {
                 }
                 Phase::Free => unreachable!("an operation's place is freed only by its owner or its completion"),
             };
-            let finished = finished.map(|result| (result, state.release(this.index)));
-            (finished, to_wake)
+            finished.map(|result| (result, state.slots.release(this.index)))
         };
         drop(orphans);
-        wake_all(to_wake, &this.ring.shared);
+        to_wake.into_iter().for_each(Waker::wake);
         match finished {
             Some((result, Some(lent))) => {
                 this.done = true;
@@ -408,9 +390,9 @@ impl Drop for Op {
         }
         let lent = {
             let mut state = self.ring.state();
-            let slot = &mut state.slots[self.index as usize];
+            let slot = &mut state.slots.slots[self.index as usize];
             match &mut slot.phase {
-                Phase::Done(_) => state.release(self.index),
+                Phase::Done(_) => state.slots.release(self.index),
                 Phase::InFlight { waker, abandoned } => {
                     *waker = None;
                     *abandoned = true;
@@ -447,8 +429,7 @@ async fn reap_until_unused(reaper: Reaper) {
             if let Err(err) = state.submit_queued() {
                 tracing::error!("submitting to the socket ring: {err}");
             }
-            state.reap(&mut orphans);
-            std::mem::swap(&mut to_wake, &mut state.to_wake);
+            state.reap(&mut to_wake, &mut orphans);
             if shared.handles.load(Ordering::Acquire) == 0 && state.in_flight == 0 {
                 break;
             }
@@ -487,7 +468,7 @@ struct Reaper {
 
 impl Drop for State {
     fn drop(&mut self) {
-        for slot in &mut self.slots {
+        for slot in &mut self.slots.slots {
             if matches!(slot.phase, Phase::InFlight { .. }) {
                 // The kernel may still write it: leaked, never freed.
                 std::mem::forget(slot.lent.take());

@@ -35,6 +35,22 @@ fn ring_or_skip() -> Option<SocketRing> {
     }
 }
 
+/// Runs `test` on a current-thread runtime with a ring and a connected
+/// pair (the node's side as a ring socket, the client's plain), unless
+/// the kernel gives no io_uring.
+fn on_ring<F, Fut>(test: F)
+where
+    F: FnOnce(SocketRing, Arc<Socket>, TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    runtime().block_on(async {
+        let Some(ring) = ring_or_skip() else { return };
+        let (node, client) = connected();
+        let socket = Socket::new(node).expect("socket");
+        test(ring, socket, client).await;
+    });
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -52,10 +68,7 @@ async fn settled(ring: &SocketRing) -> bool {
 
 #[test]
 fn bytes_cross_the_ring_exactly_both_ways() {
-    runtime().block_on(async {
-        let Some(ring) = ring_or_skip() else { return };
-        let (node, mut client) = connected();
-        let socket = Socket::new(node).expect("socket");
+    on_ring(|ring, socket, mut client| async move {
         // A small buffer: a megabyte takes hundreds of receives.
         let mut reader = Reader::new(ring.clone(), Arc::clone(&socket), 4096);
         let mut writer = Writer::new(ring.clone(), socket);
@@ -89,10 +102,9 @@ fn bytes_cross_the_ring_exactly_both_ways() {
 
 #[test]
 fn a_reader_dropped_while_it_waits_cancels_its_receive() {
-    runtime().block_on(async {
-        let Some(ring) = ring_or_skip() else { return };
-        let (node, _client) = connected();
-        let socket = Socket::new(node).expect("socket");
+    on_ring(|ring, socket, client| async move {
+        // Held open, silent, for the whole test.
+        let _client = client;
         let mut reader = Reader::new(ring.clone(), socket, 4096);
         let mut byte = [0u8; 1];
         // The client sends nothing: the receive waits in the kernel.
@@ -106,10 +118,7 @@ fn a_reader_dropped_while_it_waits_cancels_its_receive() {
 
 #[test]
 fn a_send_cut_off_by_its_deadline_is_cancelled_and_the_writer_goes_on() {
-    runtime().block_on(async {
-        let Some(ring) = ring_or_skip() else { return };
-        let (node, client) = connected();
-        let socket = Socket::new(node).expect("socket");
+    on_ring(|ring, socket, client| async move {
         let mut writer = Writer::new(ring.clone(), Arc::clone(&socket));
         // The client never reads: 64 MiB cannot fit the socket's buffers.
         let frame = pattern(64 << 20, 1);

@@ -200,10 +200,8 @@ impl Writer {
             let entry = opcode::SendMsg::new(self.socket.fd(), &raw const parts.header)
                 .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
                 .build();
-            // SAFETY: the entry points at the header, which points at the
-            // iovecs, which point into the head and the result: all in
-            // `parts`, heap memory lent to the ring with it until the send
-            // completes.
+            // SAFETY: header, iovecs, head and result are all `parts`' heap
+            // memory, lent to the ring with it until the send completes.
             let op = unsafe { self.ring.submit(entry, Lent::Send(parts), At::Once) }?;
             let (result, lent) = op.await;
             let Lent::Send(returned) = lent else { unreachable!("a send lends its parts") };
@@ -221,8 +219,7 @@ impl Writer {
                     sent -= iovec.iov_len;
                     sent_iovecs += 1;
                 } else {
-                    // SAFETY: `sent` < the iovec's length: still inside it.
-                    iovec.iov_base = unsafe { iovec.iov_base.cast::<u8>().add(sent) }.cast();
+                    iovec.iov_base = iovec.iov_base.cast::<u8>().wrapping_add(sent).cast();
                     iovec.iov_len -= sent;
                     sent = 0;
                 }
