@@ -4,8 +4,9 @@
 //! client's registered buffer. Byte-exact (every read checked against the
 //! source), with eight clients at once, and with a client killed mid-batch
 //! leaving the node healthy and its DMA slots returned; the node registers
-//! no memory a peer could reach; grants hold (no token, no bytes; a revoked
-//! grant ends the session).
+//! no memory a peer could reach, and refuses a peer that asks its sends to
+//! retry receiver-not-ready without end; grants hold (no token, no bytes; a
+//! revoked grant ends the session).
 
 use std::time::Duration;
 
@@ -95,6 +96,9 @@ fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data
 
 /// Where the storage node serves `GET /metrics` to a scraper (loopback).
 const METRICS_PORT: u16 = 7079;
+/// The node's default write timeout (30 s), its watchdog's tick and slack:
+/// the longest a dead client's DMA slots may stay leased.
+const SLOTS_BACK_WITHIN_S: u64 = 45;
 
 #[test]
 fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
@@ -245,19 +249,30 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         );
     }
     rig.sh(Host::Training, "kill -9 $(cat /tmp/victim.pid)").expect("kill the client mid-batch");
+    // The node learns of the death from the peer's disconnect request, a
+    // NAK of a WRITE into the dead client's memory, or its own retries
+    // running out; when a burst of loss on the rig's wire takes all of
+    // those, the write timeout (30 s by default) still ends the
+    // connection. So the slots must be back within that, not sooner.
     // Metrics come from the scraper's own address on the storage host.
     let leased = rig
         .exec_with(
             Host::Storage,
             &format!(
-                "for i in $(seq 1 100); do \
+                "end=$(( $(date +%s) + {SLOTS_BACK_WITHIN_S} )); \
+                 while [ $(date +%s) -lt $end ]; do \
                    n=$(busybox wget -qO- http://127.0.0.1:{METRICS_PORT}/metrics | awk '/^sluice_dma_slots_leased/ {{print $2}}'); \
-                   [ \"$n\" = 0 ] && echo returned && exit 0; sleep 0.2; done; echo \"still leased: $n\"; exit 1"
+                   [ \"$n\" = 0 ] && echo returned && exit 0; sleep 0.2; done; \
+                 echo \"still leased: $n\"; rdma statistic show 2>&1; tail -n 30 {shared}/sluiced.log; exit 1"
             ),
-            Duration::from_secs(60),
+            Duration::from_secs(SLOTS_BACK_WITHIN_S + 60),
         )
         .expect("watch the DMA slots");
-    assert!(leased.success(), "DMA slots not returned after the client died: {}", leased.stdout);
+    assert!(
+        leased.success(),
+        "DMA slots not returned within {SLOTS_BACK_WITHIN_S} s after the client died: {}",
+        leased.stdout
+    );
     rig.sh(Host::Storage, &format!("kill -0 $(cat {scratch}/sluiced.pid)"))
         .expect("sluiced survived the killed client");
     let after = rig
@@ -274,6 +289,26 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         .expect("bench after the kill");
     assert!(after.success(), "{}", after.stderr);
     check_report(&after.stdout, "the client after the killed one");
+
+    // A connect request sets how often the node's sends retry a
+    // receiver-not-ready NAK; a client asking for "without end" could hold
+    // its responses' DMA slots until the write timeout by never posting a
+    // receive. perftest asks exactly that (rnr_retry_count 7) and is
+    // refused before any queue pair is made for it.
+    let endless = rig
+        .exec_with(
+            Host::Training,
+            &format!("timeout 60 ib_send_bw -R -p {RDMA_PORT} -n 5 {storage}"),
+            Duration::from_secs(90),
+        )
+        .expect("run ib_send_bw");
+    assert!(!endless.success(), "the node served perftest: {}\n{}", endless.stdout, endless.stderr);
+    let log = std::fs::read_to_string(shared_here.join("sluiced.log")).unwrap_or_default();
+    assert!(
+        log.contains("refusing an RDMA connection that asks the node's sends to retry receiver-not-ready without end"),
+        "perftest's endless receiver-not-ready retries were not refused: {}\n{log}",
+        endless.stderr
+    );
 
     // Revoking the grant ends an RDMA session reading under it, saying why,
     // and refuses new opens.

@@ -34,7 +34,7 @@ use sluice_transport::rc::{
 use sluice_transport::rc::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
 use sluice_transport::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
-    ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion,
+    ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion, RNR_RETRY_ENDLESS,
 };
 use writes::plan_writes;
 
@@ -149,6 +149,18 @@ impl RdmaListener {
                             tracing::debug!("rdma listener event {}", event.kind);
                             continue;
                         };
+                        // The request sets how often this node's sends retry
+                        // a receiver-not-ready NAK; without end, a client that
+                        // stops posting receives would hold the response's
+                        // DMA slots until the write timeout.
+                        if event.rnr_retry_asked == Some(RNR_RETRY_ENDLESS) {
+                            tracing::warn!(
+                                "refusing an RDMA connection that asks the node's sends to retry \
+                                 receiver-not-ready without end (rnr_retry_count {RNR_RETRY_ENDLESS})"
+                            );
+                            let _ = id.reject();
+                            continue;
+                        }
                         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                             tracing::warn!("refusing an RDMA connection: {} are open", config.connections_max);
                             let _ = id.reject();

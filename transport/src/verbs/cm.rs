@@ -44,8 +44,10 @@ impl EventChannel {
             let err = VerbsError::last("rdma_get_cm_event");
             return if err.would_block() { Ok(None) } else { Err(err) };
         }
-        // SAFETY: a successful get returns a valid event until acked.
-        let (kind, status, id) = unsafe { ((*event).event, (*event).status, (*event).id) };
+        // SAFETY: a successful get returns a valid event until acked; a
+        // connect request's parameters are its `conn` member.
+        let (kind, status, id, peer_rnr_retry) =
+            unsafe { ((*event).event, (*event).status, (*event).id, (*event).param.conn.rnr_retry_count) };
         // SAFETY: acked exactly once; nothing of the event is read after.
         unsafe { rdma_sys::rdma_ack_cm_event(event) };
         let kind = CmEventKind::from_raw(kind);
@@ -63,7 +65,8 @@ impl EventChannel {
         } else {
             None
         };
-        Ok(Some(CmEvent { kind, status, new_id }))
+        let rnr_retry_asked = new_id.is_some().then_some(peer_rnr_retry);
+        Ok(Some(CmEvent { kind, status, new_id, rnr_retry_asked }))
     }
 }
 
@@ -139,7 +142,20 @@ pub struct CmEvent {
     pub status: i32,
     /// For `ConnectRequest`: the new connection's id, on its own channel.
     pub new_id: Option<CmId>,
+    /// For `ConnectRequest`: how often the peer asks this side's sends to
+    /// retry a receiver-not-ready NAK ([`RNR_RETRY_ENDLESS`]: without end).
+    /// The CM programs this side's queue pair with it; accepting cannot
+    /// change it, only refusing can.
+    pub rnr_retry_asked: Option<u8>,
 }
+
+/// The receiver-not-ready retry count that means "retry for ever".
+pub const RNR_RETRY_ENDLESS: u8 = 7;
+/// Receiver-not-ready retries the client asks of the node's sends: with the
+/// CM's receiver-not-ready timer (655 ms) a client that stops posting
+/// receives loses its connection in about four seconds, and the node's
+/// buffers come back.
+pub const RNR_RETRY_OF_NODE_SENDS: u8 = 6;
 
 /// What the device behind an id can hold.
 #[derive(Clone, Copy, Debug)]
@@ -184,9 +200,11 @@ impl RawAddr {
 }
 
 /// Connection parameters: no RDMA READ either way, seven retries on
-/// transport errors so a vanished peer is noticed, and `rnr_retry_count`
-/// receiver-not-ready retries for this side's sends (7: without end).
-fn conn_params(rnr_retry_count: u8) -> rdma_conn_param {
+/// transport errors so a vanished peer is noticed, and `peer_rnr_retry`
+/// receiver-not-ready retries for the *peer's* sends: the CM carries each
+/// side's value to the other side's queue pair (rdma_cm(7): "a send
+/// operation from the remote peer").
+fn conn_params(peer_rnr_retry: u8) -> rdma_conn_param {
     rdma_conn_param {
         private_data: ptr::null(),
         private_data_len: 0,
@@ -194,7 +212,7 @@ fn conn_params(rnr_retry_count: u8) -> rdma_conn_param {
         initiator_depth: 0,
         flow_control: 1,
         retry_count: 7,
-        rnr_retry_count,
+        rnr_retry_count: peer_rnr_retry,
         srq: 0,
         qp_num: 0,
     }
@@ -254,19 +272,21 @@ impl CmId {
         check("rdma_resolve_route", unsafe { rdma_sys::rdma_resolve_route(self.raw, timeout_ms) })
     }
 
-    /// Connects; this side's sends wait for the peer's receives without
-    /// end (the node reposts them as it reads requests).
+    /// Connects, asking the node's sends to give up after
+    /// [`RNR_RETRY_OF_NODE_SENDS`] receiver-not-ready retries (the node
+    /// refuses a client asking for more).
     pub fn connect(&self) -> Result<(), VerbsError> {
-        let mut params = conn_params(7);
+        let mut params = conn_params(RNR_RETRY_OF_NODE_SENDS);
         // SAFETY: live id with a QP; params outlive the call.
         check("rdma_connect", unsafe { rdma_sys::rdma_connect(self.raw, &mut params) })
     }
 
-    /// Accepts; this side's sends give up after six receiver-not-ready
-    /// retries, so a peer that stops posting receives cannot hold the
-    /// node's buffers: its connection fails and they come back.
+    /// Accepts; the peer's sends wait for this side's receives without end
+    /// (the node reposts each as soon as it has read the request). How
+    /// long this side's sends wait was the peer's to ask, in its request
+    /// ([`CmEvent::rnr_retry_asked`]).
     pub fn accept(&self) -> Result<(), VerbsError> {
-        let mut params = conn_params(6);
+        let mut params = conn_params(RNR_RETRY_ENDLESS);
         // SAFETY: live id of a connect request, with a QP.
         check("rdma_accept", unsafe { rdma_sys::rdma_accept(self.raw, &mut params) })
     }
