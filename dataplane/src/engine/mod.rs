@@ -18,7 +18,6 @@
 //! burns no CPU.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;

@@ -129,18 +129,16 @@ impl BatchResult {
         pieces.iter().map(|piece| self.piece_bytes(piece))
     }
 
-    /// Appends the bytes of every `Ok` range in order to `slices`, for one
-    /// vectored send after what `slices` holds (the response's head).
-    pub fn push_io_slices<'a>(&'a self, slices: &mut Vec<IoSlice<'a>>) {
+    /// The bytes of every `Ok` range in request order, piece by piece:
+    /// what a response sends after its head, in one vectored send.
+    pub fn ok_pieces(&self) -> impl Iterator<Item = &[u8]> {
         let plan = &*self.plan;
-        slices.reserve(plan.pieces.len());
-        for (status, &(first, count)) in plan.statuses().iter().zip(&plan.range_pieces) {
-            if *status == RangeStatus::Ok {
-                for piece in &plan.pieces[first as usize..][..count as usize] {
-                    slices.push(IoSlice::new(self.piece_bytes(piece)));
-                }
-            }
-        }
+        plan.statuses()
+            .iter()
+            .zip(&plan.range_pieces)
+            .filter(|(status, _)| **status == RangeStatus::Ok)
+            .flat_map(move |(_, &(first, count))| &plan.pieces[first as usize..][..count as usize])
+            .map(|piece| self.piece_bytes(piece))
     }
 
     fn piece_bytes(&self, piece: &crate::plan::Piece) -> &[u8] {

@@ -66,7 +66,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> FrameSink for StreamSink<W> {
         // response used.
         let mut slices = recycled(std::mem::take(&mut self.spare_slices));
         slices.push(IoSlice::new(head));
-        result.push_io_slices(&mut slices);
+        slices.extend(result.ok_pieces().map(IoSlice::new));
         let written = write_all_vectored(&mut self.writer, &mut slices).await;
         self.spare_slices = recycled(slices);
         written

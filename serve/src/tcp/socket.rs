@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -23,7 +23,7 @@ const IOV_MAX: usize = 1024;
 /// A connection's socket, shared by its halves; closed when both are gone
 /// (after whatever they had in flight was cancelled).
 pub(super) struct Socket {
-    fd: OwnedFd,
+    stream: std::net::TcpStream,
 }
 
 impl Socket {
@@ -32,18 +32,17 @@ impl Socket {
     /// hand its `EAGAIN` back.
     pub(super) fn new(stream: std::net::TcpStream) -> io::Result<Arc<Self>> {
         stream.set_nonblocking(false)?;
-        Ok(Arc::new(Self { fd: OwnedFd::from(stream) }))
+        Ok(Arc::new(Self { stream }))
     }
 
     fn fd(&self) -> types::Fd {
-        types::Fd(self.fd.as_raw_fd())
+        types::Fd(self.stream.as_raw_fd())
     }
 
     /// Ends the sending direction (the peer reads end of stream after the
     /// last response).
     pub(super) fn shutdown_write(&self) {
-        // SAFETY: `shutdown` on an fd this socket owns, open for its life.
-        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) };
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
     }
 }
 
@@ -144,13 +143,12 @@ impl SendParts {
         self.iovecs.clear();
         self.iovecs.push(libc::iovec { iov_base: self.head.as_mut_ptr().cast(), iov_len: self.head.len() });
         if let Some(result) = &self.result {
-            for index in 0..result.statuses().len() {
-                let pieces = result.range_pieces(index).filter(|piece| !piece.is_empty());
-                self.iovecs.extend(
-                    pieces
-                        .map(|piece| libc::iovec { iov_base: piece.as_ptr().cast_mut().cast(), iov_len: piece.len() }),
-                );
-            }
+            // Empty pieces left out: a send of nothing but them would read
+            // as a connection that takes no more bytes.
+            let pieces = result.ok_pieces().filter(|piece| !piece.is_empty());
+            self.iovecs.extend(
+                pieces.map(|piece| libc::iovec { iov_base: piece.as_ptr().cast_mut().cast(), iov_len: piece.len() }),
+            );
         }
     }
 }
