@@ -291,11 +291,13 @@ impl State {
         }
     }
 
-    /// Takes every completion the kernel posted; the tasks waiting on them
-    /// go to `to_wake`, to be woken once the state is unlocked, and what
-    /// abandoned operations lent to `orphans`, to be dropped then (a batch
-    /// result gives its DMA slots back when dropped).
-    fn reap(&mut self, to_wake: &mut Vec<Waker>, orphans: &mut Vec<Lent>) {
+    /// Takes every completion the kernel posted and wakes the tasks waiting
+    /// on them (a wake only schedules a task on this core; it locks the
+    /// state when it runs, after this); what abandoned operations lent goes
+    /// to `orphans`, to be dropped once the state is unlocked (a batch
+    /// result gives its DMA slots back when dropped). Nothing allocates
+    /// unless an operation was abandoned.
+    fn reap(&mut self, orphans: &mut Vec<Lent>) {
         let State { ring, slots, in_flight, .. } = self;
         for cqe in ring.completion() {
             if cqe.user_data() == CANCEL_USER_DATA {
@@ -307,7 +309,7 @@ impl State {
                 continue;
             }
             match std::mem::replace(&mut slot.phase, Phase::Done(cqe.result())) {
-                Phase::InFlight { waker, abandoned: false } => to_wake.extend(waker),
+                Phase::InFlight { waker, abandoned: false } => waker.into_iter().for_each(Waker::wake),
                 Phase::InFlight { abandoned: true, .. } => orphans.extend(slots.release(index)),
                 // Never: one completion per operation (none is multishot).
                 phase @ (Phase::Free | Phase::Done(_)) => {
@@ -347,12 +349,12 @@ impl Future for Op {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         assert!(!this.done, "operation polled after it finished");
-        let (mut to_wake, mut orphans) = (Vec::new(), Vec::new());
+        let mut orphans = Vec::new();
         let finished = {
             let mut state = this.ring.state();
             // A send usually finished inside its own submission: look in
             // the completion queue before waiting for the reaping task.
-            state.reap(&mut to_wake, &mut orphans);
+            state.reap(&mut orphans);
             let slot = &mut state.slots.slots[this.index as usize];
             debug_assert_eq!(slot.generation, this.generation);
             let finished = match &mut slot.phase {
@@ -369,7 +371,6 @@ impl Future for Op {
             finished.map(|result| (result, state.slots.release(this.index)))
         };
         drop(orphans);
-        to_wake.into_iter().for_each(Waker::wake);
         match finished {
             Some((result, Some(lent))) => {
                 this.done = true;
@@ -421,7 +422,6 @@ impl Drop for Op {
 /// lent rather than free memory the kernel may still write.
 async fn reap_until_unused(reaper: Reaper) {
     let Reaper { watched, shared } = &reaper;
-    let mut to_wake = Vec::new();
     let mut orphans = Vec::new();
     loop {
         {
@@ -429,15 +429,12 @@ async fn reap_until_unused(reaper: Reaper) {
             if let Err(err) = state.submit_queued() {
                 tracing::error!("submitting to the socket ring: {err}");
             }
-            state.reap(&mut to_wake, &mut orphans);
+            state.reap(&mut orphans);
             if shared.handles.load(Ordering::Acquire) == 0 && state.in_flight == 0 {
                 break;
             }
         }
         orphans.clear();
-        for waker in to_wake.drain(..) {
-            waker.wake();
-        }
         tokio::select! {
             ready = watched.readable() => match ready {
                 // Cleared before the next reap, so a completion posted
