@@ -96,9 +96,11 @@ fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data
 
 /// Where the storage node serves `GET /metrics` to a scraper (loopback).
 const METRICS_PORT: u16 = 7079;
-/// The node's default write timeout (30 s), its watchdog's tick and slack:
-/// the longest a dead client's DMA slots may stay leased.
-const SLOTS_BACK_WITHIN_S: u64 = 45;
+/// The node's write timeout, set in its config: the longest a response may
+/// take to complete, and so the bound on a dead client's DMA slots.
+const WRITE_TIMEOUT_S: u64 = 30;
+/// The write timeout, the node's once-a-second watchdog and slack.
+const SLOTS_BACK_WITHIN_S: u64 = WRITE_TIMEOUT_S + 15;
 
 #[test]
 fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
@@ -126,10 +128,14 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let (shared_here, shared) = rig.shared_dir();
     let scratch = rig.scratch_dir(Host::Storage);
 
+    let config = rig
+        .share_file("sluiced.toml", format!("write_timeout_ms = {}\n", WRITE_TIMEOUT_S * 1000).as_bytes())
+        .expect("share the node's config");
     rig.start_sluiced(
         &storage,
         &format!(
-            "--namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT} {} --metrics-listen 127.0.0.1:{METRICS_PORT}",
+            "--config {config} --namespace-device {dev1} --rdma-listen {storage}:{RDMA_PORT} {} \
+             --metrics-listen 127.0.0.1:{METRICS_PORT}",
             tls.sluiced_args()
         ),
     )
@@ -252,8 +258,8 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     // The node learns of the death from the peer's disconnect request, a
     // NAK of a WRITE into the dead client's memory, or its own retries
     // running out; when a burst of loss on the rig's wire takes all of
-    // those, the write timeout (30 s by default) still ends the
-    // connection. So the slots must be back within that, not sooner.
+    // those, the write timeout still ends the connection. So the slots
+    // must be back within that, not sooner.
     // Metrics come from the scraper's own address on the storage host.
     let leased = rig
         .exec_with(
