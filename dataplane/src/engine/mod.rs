@@ -244,7 +244,8 @@ enum CoreMsg {
     Decisions(Arc<dyn LaneDecisions>),
     Attach(DatasetSlot, Arc<DatasetView>),
     Detach(u32, oneshot::Sender<()>),
-    /// Slots came back while the core was parked.
+    /// Slots came back while the core was parked with batches waiting
+    /// for them.
     Wake,
     Shutdown,
 }

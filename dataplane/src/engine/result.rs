@@ -129,16 +129,27 @@ impl BatchResult {
         pieces.iter().map(|piece| self.piece_bytes(piece))
     }
 
-    /// The bytes of every `Ok` range in request order, piece by piece:
-    /// what a response sends after its head, in one vectored send.
-    pub fn ok_pieces(&self) -> impl Iterator<Item = &[u8]> {
+    /// Hands `each` the bytes of every `Ok` range in request order, piece
+    /// by piece: what a response sends after its head, in one vectored
+    /// send. Plain loops rather than an iterator: under callgrind a zip,
+    /// filter and flatten over the ranges, filling a vector through
+    /// `extend`, cost the served path a hundred instructions a 4 KiB range
+    /// beside the piece lookups; the loops and `push` cost forty-odd.
+    pub fn for_each_ok_piece<'a>(&'a self, mut each: impl FnMut(&'a [u8])) {
         let plan = &*self.plan;
-        plan.statuses()
-            .iter()
-            .zip(&plan.range_pieces)
-            .filter(|(status, _)| **status == RangeStatus::Ok)
-            .flat_map(move |(_, &(first, count))| &plan.pieces[first as usize..][..count as usize])
-            .map(|piece| self.piece_bytes(piece))
+        for (status, &(first, count)) in plan.statuses().iter().zip(&plan.range_pieces) {
+            if *status == RangeStatus::Ok {
+                for piece in &plan.pieces[first as usize..][..count as usize] {
+                    each(self.piece_bytes(piece));
+                }
+            }
+        }
+    }
+
+    /// How many pieces the ranges' bytes lie in, at most: a bound for the
+    /// vectors [`BatchResult::for_each_ok_piece`] fills.
+    pub fn pieces_max(&self) -> usize {
+        self.plan.pieces.len()
     }
 
     fn piece_bytes(&self, piece: &crate::plan::Piece) -> &[u8] {

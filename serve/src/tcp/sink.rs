@@ -65,8 +65,9 @@ impl<W: AsyncWrite + Unpin + Send + 'static> FrameSink for StreamSink<W> {
         // Borrows this response's head and slots, in the vector the last
         // response used.
         let mut slices = recycled(std::mem::take(&mut self.spare_slices));
+        slices.reserve(1 + result.pieces_max());
         slices.push(IoSlice::new(head));
-        slices.extend(result.ok_pieces().map(IoSlice::new));
+        result.for_each_ok_piece(|piece| slices.push(IoSlice::new(piece)));
         let written = write_all_vectored(&mut self.writer, &mut slices).await;
         self.spare_slices = recycled(slices);
         written

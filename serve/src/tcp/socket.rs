@@ -145,10 +145,12 @@ impl SendParts {
         if let Some(result) = &self.result {
             // Empty pieces left out: a send of nothing but them would read
             // as a connection that takes no more bytes.
-            let pieces = result.ok_pieces().filter(|piece| !piece.is_empty());
-            self.iovecs.extend(
-                pieces.map(|piece| libc::iovec { iov_base: piece.as_ptr().cast_mut().cast(), iov_len: piece.len() }),
-            );
+            self.iovecs.reserve(result.pieces_max());
+            result.for_each_ok_piece(|piece| {
+                if !piece.is_empty() {
+                    self.iovecs.push(libc::iovec { iov_base: piece.as_ptr().cast_mut().cast(), iov_len: piece.len() });
+                }
+            });
         }
     }
 }

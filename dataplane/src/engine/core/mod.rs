@@ -40,7 +40,8 @@ impl AsRawFd for CompletionFd {
 
 /// What a core shares with the rest of its data plane.
 pub(super) struct CoreShared {
-    /// Raised while the core sleeps, so a returned slot wakes it.
+    /// Raised while the core sleeps with batches waiting for slots, so a
+    /// returned slot wakes it.
     pub(super) parked: Arc<AtomicBool>,
     /// Where the core tells submitters how many batches it holds.
     pub(super) held: Arc<AtomicUsize>,
@@ -166,8 +167,10 @@ impl CoreEngine {
             }
             let now = std::time::Instant::now();
             if handled + reaped > 0 {
-                // Look again after the connections on this core had a turn.
                 self.poll.worked(now);
+            }
+            if self.more_work_now(handled, reaped) {
+                // Look again after the connections on this core had a turn.
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -242,19 +245,38 @@ impl CoreEngine {
         }
     }
 
+    /// Whether this pass left work a second pass could do before anything
+    /// new arrives: messages or completions beyond what one pass takes, or
+    /// capacity a reap freed for batches still waiting or pushing. Else the
+    /// core waits at once: a pass that found nothing would cost a turn of
+    /// the event loop (a zero-timeout `epoll_wait` and the timer wheel) for
+    /// every group of completions, and the connections on this core run
+    /// while it waits as they would after a yield.
+    fn more_work_now(&self, handled: usize, reaped: usize) -> bool {
+        handled == INBOX_DRAIN_MAX
+            || reaped == REAP_MAX
+            || (reaped > 0 && (self.waiting_count() > 0 || self.units_to_push()))
+    }
+
     /// Whether an admitted batch still has units or block retries that did
     /// not fit the queue.
     fn units_to_push(&self) -> bool {
         self.to_push.iter().any(|lane| !lane.is_empty())
     }
 
-    /// Sleeps until a message arrives. Slot returns wake it through `Wake`.
+    /// Sleeps until a message arrives. Slot returns wake it through `Wake`
+    /// while batches wait for slots; with none waiting, a returned slot is
+    /// taken back on the next pass, and a wake for it would cost a turn of
+    /// the event loop per batch for nothing.
     async fn park(&mut self) {
-        self.parked.store(true, Ordering::SeqCst);
+        let wants_slots = self.waiting_count() > 0;
+        self.parked.store(wants_slots, Ordering::SeqCst);
         // A slot returned between the last reclaim and `parked` going up
         // sent no wake; look once more before sleeping.
         let free_before = self.pool.free_count();
-        self.pool.reclaim();
+        if wants_slots {
+            self.pool.reclaim();
+        }
         if self.pool.free_count() == free_before {
             tracing::debug!(
                 core = self.id,
