@@ -7,9 +7,11 @@
 # then the medians and the ratio B / A. Nodes listen on loopback with
 # TLS certificates made here (openssl) for 127.0.0.1, so either side may
 # use --data-tls. IO_MODE=buffered (default: page cache, so the node's own
-# work is what is measured) or direct (O_DIRECT).
+# work is what is measured) or direct (O_DIRECT). SLUICED_A / SLUICED_B
+# name another `sluiced` for a side (a build of an earlier commit, say),
+# so two versions are measured side by side as two configurations are.
 #
-#   [IO_MODE=direct] bench/ab.sh LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [ROUNDS] [SECONDS] [MiB]
+#   [IO_MODE=direct] [SLUICED_A=path] bench/ab.sh LABEL_A "FLAGS_A" LABEL_B "FLAGS_B" [ROUNDS] [SECONDS] [MiB]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LABEL_A=$1 FLAGS_A=$2 LABEL_B=$3 FLAGS_B=$4
@@ -34,9 +36,13 @@ pki() {
 }
 
 start() { # side (a|b), flags: a node in its own directory with the dataset sealed
-    local side=$1 flags=$2
+    local side=$1 flags=$2 sluiced=$BIN/sluiced
+    case $side in
+    a) sluiced=${SLUICED_A:-$sluiced} ;;
+    b) sluiced=${SLUICED_B:-$sluiced} ;;
+    esac
     # shellcheck disable=SC2086 # the flags are words
-    "$BIN/sluiced" --data-dir "$WORK/$side" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" \
+    "$sluiced" --data-dir "$WORK/$side" --listen 127.0.0.1:0 --control 127.0.0.1:0 --io-mode "$IO_MODE" \
         --insecure $flags >"$WORK/$side.out" 2>"$WORK/$side.err" &
     for _ in $(seq 100); do grep -q "data plane" "$WORK/$side.out" 2>/dev/null && break; sleep 0.1; done
     grep -q "data plane" "$WORK/$side.out" || { cat "$WORK/$side.err" >&2; exit 1; }
