@@ -272,12 +272,13 @@ impl CoreEngine {
         let wants_slots = self.waiting_count() > 0;
         self.parked.store(wants_slots, Ordering::SeqCst);
         // A slot returned between the last reclaim and `parked` going up
-        // sent no wake; look once more before sleeping.
-        let free_before = self.pool.free_count();
-        if wants_slots {
+        // sent no wake; with batches waiting, look once more before sleeping.
+        let slots_came_back = wants_slots && {
+            let free_before = self.pool.free_count();
             self.pool.reclaim();
-        }
-        if self.pool.free_count() == free_before {
+            self.pool.free_count() != free_before
+        };
+        if !slots_came_back {
             tracing::debug!(
                 core = self.id,
                 waiting = self.waiting_count(),
