@@ -72,7 +72,8 @@ struct Args {
     #[arg(long, value_name = "BYTES")]
     latency_lane_max_bytes: Option<u64>,
     /// Microseconds a data-plane core that just did work polls before it
-    /// sleeps (default 100); 0 sleeps at once.
+    /// sleeps (default 100; while its reads are at the device, as long as
+    /// its batches have lately taken, at most 1 ms); 0 sleeps at once.
     #[arg(long, value_name = "MICROSECONDS")]
     poll_window_us: Option<u64>,
     /// How plain-TCP connections' sockets are driven: `readiness` (epoll

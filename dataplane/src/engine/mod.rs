@@ -167,7 +167,8 @@ pub struct DataPlaneConfig {
     /// block checksums.
     pub verify_chunks: bool,
     /// How long a core that did work keeps polling its inbox and queue
-    /// before it sleeps (see `core::poll`); zero parks at once. The
+    /// before it sleeps, stretched while its reads are at the device (see
+    /// `core::poll`); zero parks at once. The
     /// connections placed on the core run while it polls, so their next
     /// requests are read without a wake-up (see
     /// [`POLL_WINDOW_US_DEFAULT`]).

@@ -52,6 +52,7 @@ impl CoreEngine {
         // The active table bounds these to one pair a batch slot.
         self.spare_unit_state.push((std::mem::take(&mut batch.unit_failed), std::mem::take(&mut batch.retries_left)));
         batch.probe.complete_ns = monotonic_ns(self.clock);
+        self.poll.batch_took(batch.probe.complete_ns.saturating_sub(batch.probe.submit_ns));
         batch.probe.failed_ranges = plan.statuses().iter().filter(|s| **s != RangeStatus::Ok).count() as u32;
         sluice_probe_batch_complete(&batch.probe);
         let result = BatchResult { plan: batch.plan, lease: batch.lease, lane: batch.probe.lane(), _hold: batch.hold };

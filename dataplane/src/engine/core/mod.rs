@@ -174,8 +174,9 @@ impl CoreEngine {
                 tokio::task::yield_now().await;
                 continue;
             }
-            if self.poll.keep_polling(now) && !self.stopping {
-                // Busy a moment ago: look again rather than sleep.
+            if self.poll.keep_polling(now, in_flight) && !self.stopping {
+                // Busy a moment ago, or reads at the device that answer
+                // about now: look again rather than sleep.
                 tokio::task::yield_now().await;
                 continue;
             }
