@@ -116,8 +116,9 @@ pub struct NodeConfig {
     /// sleeps, so a queue-depth-1 client's next batch finds it awake
     /// instead of paying a wake-up; while its reads are at the device it
     /// polls as long as its batches have lately taken (at most 1 ms); an
-    /// idle core still sleeps. 0 sleeps at once, reads out or not. Default [`sluice_dataplane::POLL_WINDOW_US_DEFAULT`] (where
-    /// the choice is measured).
+    /// idle core still sleeps. 0 sleeps at once, reads out or not.
+    /// Default [`sluice_dataplane::POLL_WINDOW_US_DEFAULT`] (where the
+    /// choice is measured).
     pub poll_window_us: u64,
     /// How plain-TCP connections' sockets are driven (`readiness`, the
     /// default, or `uring`).
