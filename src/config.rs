@@ -120,6 +120,13 @@ pub struct NodeConfig {
     /// Default [`sluice_dataplane::POLL_WINDOW_US_DEFAULT`] (where the
     /// choice is measured).
     pub poll_window_us: u64,
+    /// Bytes of bulk-lane reads a data-plane core keeps at the device at
+    /// once; more wait in the core, behind the latency lane, instead of in
+    /// the kernel's queues where a small read would wait behind them. 0
+    /// bounds them only by three quarters of the queue. Default
+    /// [`sluice_dataplane::BULK_IN_FLIGHT_BYTES_DEFAULT`] (where the choice
+    /// is measured).
+    pub bulk_in_flight_bytes: u64,
     /// How plain-TCP connections' sockets are driven (`readiness`, the
     /// default, or `uring`).
     pub socket_io: SocketIoChoice,
@@ -249,6 +256,7 @@ impl Default for NodeConfig {
             ebpf_kernel_trace: true,
             latency_lane_max_bytes: 512 * 1024,
             poll_window_us: sluice_dataplane::POLL_WINDOW_US_DEFAULT,
+            bulk_in_flight_bytes: sluice_dataplane::BULK_IN_FLIGHT_BYTES_DEFAULT,
             socket_io: SocketIoChoice::default(),
             source_timeout_ms: 30_000,
             source_retries: 4,

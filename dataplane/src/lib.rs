@@ -27,6 +27,7 @@ pub use driver::{
 };
 pub use engine::{
     spare_ranges, AttachError, BatchCompletion, BatchResult, CoreGroup, DataPlane, DataPlaneConfig, DatasetSlot,
-    DmaRegion, Hold, Outcome, Placement, ReadBatch, Reply, SubmitError, POLL_WINDOW_US_DEFAULT,
+    DmaRegion, Hold, Outcome, Placement, ReadBatch, Reply, SubmitError, BULK_IN_FLIGHT_BYTES_DEFAULT,
+    POLL_WINDOW_US_DEFAULT,
 };
 pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -76,6 +76,11 @@ struct Args {
     /// its batches have lately taken, at most 1 ms); 0 sleeps at once.
     #[arg(long, value_name = "MICROSECONDS")]
     poll_window_us: Option<u64>,
+    /// Bytes of bulk-lane reads a data-plane core keeps at the device at
+    /// once (default 2 MiB); the rest wait in the node behind small reads.
+    /// 0: bounded only by the queue.
+    #[arg(long, value_name = "BYTES")]
+    bulk_in_flight_bytes: Option<u64>,
     /// How plain-TCP connections' sockets are driven: `readiness` (epoll
     /// and a syscall each, the default) or `uring` (the core's socket
     /// ring).
@@ -198,6 +203,9 @@ fn main() -> ExitCode {
     }
     if let Some(us) = args.poll_window_us {
         config.poll_window_us = us;
+    }
+    if let Some(bytes) = args.bulk_in_flight_bytes {
+        config.bulk_in_flight_bytes = bytes;
     }
     match args.socket_io.as_deref() {
         Some("uring") => config.socket_io = SocketIoChoice::Uring,

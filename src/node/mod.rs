@@ -139,6 +139,7 @@ impl Node {
             verify_chunks: config.verify_chunks,
             latency_batch_bytes_max: config.latency_lane_max_bytes,
             poll_window: std::time::Duration::from_micros(config.poll_window_us),
+            bulk_in_flight_bytes_max: config.bulk_in_flight_bytes,
             ..DataPlaneConfig::default()
         };
         let plane = Arc::new(DataPlane::start(Arc::clone(&driver), plane_config)?);

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,11 +34,18 @@ pub struct FaultyDriver {
     inner: Arc<dyn BlockDriver>,
     plan: Arc<FaultPlan>,
     pushed: Arc<std::sync::Mutex<Vec<u64>>>,
+    in_flight_peak: Arc<AtomicU32>,
 }
 
 impl FaultyDriver {
     pub fn new(inner: Arc<dyn BlockDriver>, plan: FaultPlan) -> Self {
-        Self { inner, plan: Arc::new(plan), pushed: Arc::default() }
+        Self { inner, plan: Arc::new(plan), pushed: Arc::default(), in_flight_peak: Arc::default() }
+    }
+
+    /// The most reads any of its queues held at once: what a test of how
+    /// deep the node fills the device checks.
+    pub fn in_flight_peak(&self) -> u32 {
+        self.in_flight_peak.load(Ordering::Relaxed)
     }
 
     /// The namespace offset of every read its queues took, in order: what
@@ -66,6 +74,7 @@ impl BlockDriver for FaultyDriver {
             inner,
             plan: Arc::clone(&self.plan),
             pushed: Arc::clone(&self.pushed),
+            in_flight_peak: Arc::clone(&self.in_flight_peak),
             reads: HashMap::new(),
             ready: VecDeque::new(),
             delayed: VecDeque::new(),
@@ -78,6 +87,7 @@ pub struct FaultyQueue {
     inner: Queue,
     plan: Arc<FaultPlan>,
     pushed: Arc<std::sync::Mutex<Vec<u64>>>,
+    in_flight_peak: Arc<AtomicU32>,
     /// Reads submitted to the inner queue, by tag.
     reads: HashMap<u64, ReadIo>,
     /// Completions made up here, handed out at the next reap.
@@ -110,6 +120,7 @@ impl FaultyQueue {
         if let Ok(mut pushed) = self.pushed.lock() {
             pushed.push(start);
         }
+        self.in_flight_peak.fetch_max(self.in_flight(), Ordering::Relaxed);
         Ok(())
     }
 

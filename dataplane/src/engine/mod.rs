@@ -137,6 +137,22 @@ impl Placement {
 /// CPUs at once (see `core::poll`).
 pub const POLL_WINDOW_US_DEFAULT: u64 = 100;
 
+/// Bytes of bulk-lane reads a core keeps at the device by default. A read
+/// the node has handed to the kernel waits there in arrival order, so a
+/// small read waits behind whatever bulk bytes went before it, at the
+/// device's rate; kept in the core instead, bulk reads wait behind the
+/// latency lane. Enough for a device's full rate is about its rate times a
+/// large read's latency (7 GB/s × 100 µs ≈ 0.7 MB for a fast NVMe drive);
+/// 2 MiB a core leaves margin. Measured on a 2-vCPU VM's virtio disk
+/// (O_DIRECT, 2 cores, `bench/steering.sh` and `bench/ab.sh`, 2026-12-05):
+/// a 4 KiB × 16 reader's p99 beside two 1 MiB readers was 36–41 ms
+/// unbounded (up to 192 reads of 128 KiB a core), 37–43 ms at 16 MiB,
+/// 8.7–9.0 ms at 4 MiB, 4.7 ms at 2 MiB and 2.7 ms at 1 MiB, against
+/// 0.5 ms alone; 1 MiB sequential reads, 16 in flight, were level with
+/// unbounded at 4 MiB (1.06) and 2 MiB (1.05 of 4 MiB), while at 1 MiB
+/// the bulk readers alone lost a quarter.
+pub const BULK_IN_FLIGHT_BYTES_DEFAULT: u64 = 2 << 20;
+
 /// A quarter of each core's slots is kept for the latency lane, so small
 /// reads still run while bulk responses wait on slow clients.
 const LATENCY_RESERVE_DIVISOR: usize = 4;
@@ -173,6 +189,13 @@ pub struct DataPlaneConfig {
     /// requests are read without a wake-up (see
     /// [`POLL_WINDOW_US_DEFAULT`]).
     pub poll_window: std::time::Duration,
+    /// Bytes of bulk-lane reads a core keeps at the device at once (at
+    /// least one read, whatever its size); 0 bounds them only by the
+    /// queue's bulk share. Reads beyond it wait in the core, where the
+    /// lanes order them, rather than in the kernel, where a small read
+    /// that comes later waits behind all of them (see
+    /// [`BULK_IN_FLIGHT_BYTES_DEFAULT`]).
+    pub bulk_in_flight_bytes_max: u64,
 }
 
 impl Default for DataPlaneConfig {
@@ -188,6 +211,7 @@ impl Default for DataPlaneConfig {
             inbox_depth: 1024,
             verify_chunks: true,
             poll_window: std::time::Duration::from_micros(POLL_WINDOW_US_DEFAULT),
+            bulk_in_flight_bytes_max: BULK_IN_FLIGHT_BYTES_DEFAULT,
         }
     }
 }

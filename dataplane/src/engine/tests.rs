@@ -336,6 +336,56 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
     assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
 }
 
+/// A core keeps no more bulk bytes at the device than its bound, so a
+/// small read that comes later waits behind at most that much, in the
+/// core rather than in the kernel. A 4 MiB batch (32 units of 128 KiB,
+/// each delayed 100 ms) with room in the queue for all of them: bounded
+/// to 512 KiB, four are at the device at a time and the small read, sent
+/// once the first is, goes among the first eight (a round of slack for a
+/// slow test machine); unbounded, all 32 go at once and the small read
+/// after them.
+#[test]
+fn bulk_reads_at_the_device_stay_within_their_bytes_bound() {
+    use crate::driver::{FaultPlan, FaultyDriver};
+    let small_offset = 6 << 20;
+    let run = |bulk_in_flight_bytes_max: u64| {
+        let ns = MemDriver.open_namespace(&NamespaceSpec::Mem).expect("namespace");
+        ns.write_at(0, &vec![3u8; 8 << 20]).expect("write");
+        let plan =
+            FaultPlan { delays: vec![(0..(4 << 20), std::time::Duration::from_millis(100))], ..FaultPlan::default() };
+        let driver = Arc::new(FaultyDriver::new(Arc::new(MemDriver), plan));
+        let config = DataPlaneConfig { cores: 1, queue_depth: 64, bulk_in_flight_bytes_max, ..small_config() };
+        let plane = Arc::new(DataPlane::start(Arc::clone(&driver) as Arc<dyn BlockDriver>, config).expect("start"));
+        let view = DatasetView::unverified(1, ns, 8 << 20);
+        runtime().block_on(async {
+            let slot = plane.attach(Arc::new(view)).await.expect("attach");
+            let bulk_plane = Arc::clone(&plane);
+            let bulk = tokio::spawn(async move {
+                bulk_plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4 << 20 }]).await
+            });
+            while driver.pushed_offsets().is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let small = plane.read(slot, vec![ByteRange { offset_bytes: small_offset, len_bytes: 4096 }]).await;
+            assert_eq!(small.expect("small read").statuses(), &[RangeStatus::Ok]);
+            let bulk = bulk.await.expect("join").expect("bulk");
+            assert_eq!(bulk.payload_bytes(), 4 << 20);
+            assert!(bulk.statuses().iter().all(|s| *s == RangeStatus::Ok));
+        });
+        plane.shutdown();
+        let pushed = driver.pushed_offsets();
+        assert_eq!(pushed.len(), 33, "{pushed:?}");
+        let small_at = pushed.iter().position(|o| *o == small_offset).expect("small read pushed");
+        (driver.in_flight_peak(), small_at)
+    };
+    let (peak, small_at) = run(512 << 10);
+    assert!(peak <= 5, "bounded to 4 bulk units, {peak} reads were at the device at once");
+    assert!(small_at <= 8, "the small read went to the device after {small_at} bulk units");
+    let (peak, small_at) = run(0);
+    assert!(peak >= 32, "unbounded, only {peak} reads were at the device at once");
+    assert_eq!(small_at, 32, "unbounded, the small read still went after every bulk unit");
+}
+
 /// A core whose read a fault plan holds back keeps serving meanwhile: a
 /// read that arrives while the delayed one waits is answered first, on
 /// both the memory backend (no completion fd) and io_uring (whose fd the

@@ -41,8 +41,9 @@ fn retry_tag(active: usize, unit: u32, block: u32) -> u64 {
 impl CoreEngine {
     /// Pushes block retries and units of active batches while the queue
     /// has room: latency-lane batches first, then bulk ones only while they
-    /// leave a quarter of the queue to the latency lane, so a small read
-    /// never waits behind a device queue full of bulk reads.
+    /// leave a quarter of the queue to the latency lane and hold no more
+    /// than their bytes' bound at the device, so a small read never waits
+    /// behind a device queue full of bulk reads.
     pub(super) fn push_units(&mut self) {
         self.push_lane_units(Lane::Latency, u32::MAX);
         let bulk_in_flight_max = self.queue_depth - self.queue_depth / LATENCY_RESERVE_DIVISOR as u32;
@@ -51,17 +52,26 @@ impl CoreEngine {
 
     /// Pushes the units of `lane`'s batches that have some to push, in
     /// admission order, while fewer than `in_flight_max` reads are in the
-    /// queue. Only those batches are visited ([`CoreEngine::to_push`]), not
-    /// the whole active table.
+    /// queue and, for the bulk lane, while its bytes at the device stay
+    /// within their bound (one read always goes, however large). Only
+    /// those batches are visited ([`CoreEngine::to_push`]), not the whole
+    /// active table.
     pub(super) fn push_lane_units(&mut self, lane: Lane, in_flight_max: u32) {
         let to_push = &mut self.to_push[lane.index()];
         // Counted here rather than asked of the queue a read.
         let mut room = in_flight_max.saturating_sub(self.queue.in_flight());
+        let bulk = lane == Lane::Bulk;
+        let bytes_max =
+            if bulk && self.bulk_in_flight_bytes_max > 0 { self.bulk_in_flight_bytes_max } else { u64::MAX };
+        let bulk_bytes = &mut self.bulk_in_flight_bytes;
+        // Whether a read of `len` bytes may go now.
+        let fits =
+            |len: u32, bulk_bytes: u64| bulk_bytes == 0 || bulk_bytes.saturating_add(u64::from(len)) <= bytes_max;
         while let Some(&index) = to_push.front() {
             let batch = self.active[index].as_mut().expect("a batch to push is active");
             debug_assert_eq!(batch.probe.lane(), lane, "a batch pushed in another lane's turn");
             while let Some(&(unit_index, block)) = batch.retries.front() {
-                if room == 0 {
+                if room == 0 || !fits(batch.block_size_bytes, *bulk_bytes) {
                     return;
                 }
                 let unit = batch.plan.units[unit_index as usize];
@@ -81,14 +91,17 @@ impl CoreEngine {
                 }
                 batch.retries.pop_front();
                 room -= 1;
+                if bulk {
+                    *bulk_bytes += u64::from(batch.block_size_bytes);
+                }
             }
             let units = &batch.plan.units;
             while batch.units_pushed < units.len() {
-                if room == 0 {
-                    return;
-                }
                 let unit_index = batch.units_pushed;
                 let unit = units[unit_index];
+                if room == 0 || !fits(unit.len_bytes, *bulk_bytes) {
+                    return;
+                }
                 let buf = batch
                     .lease
                     .arena()
@@ -108,6 +121,9 @@ impl CoreEngine {
                 }
                 batch.units_pushed += 1;
                 room -= 1;
+                if bulk {
+                    *bulk_bytes += u64::from(unit.len_bytes);
+                }
             }
             batch.pushing = false;
             to_push.pop_front();
@@ -135,8 +151,13 @@ impl CoreEngine {
             let unit_index = (completion.tag & u64::from(u32::MAX)) as usize;
             let batch = self.active[index].as_mut().expect("completion for an idle batch slot");
             let unit = batch.plan.units[unit_index];
+            let is_retry = completion.tag & TAG_RETRY != 0;
+            if batch.probe.lane() == Lane::Bulk {
+                let len = if is_retry { batch.block_size_bytes } else { unit.len_bytes };
+                self.bulk_in_flight_bytes -= u64::from(len);
+            }
             let mut retried = false;
-            let finished_unit = if completion.tag & TAG_RETRY != 0 {
+            let finished_unit = if is_retry {
                 let block = ((completion.tag >> 32) & 0x7fff) as u32;
                 let start = unit.offset_bytes + u64::from(block * batch.block_size_bytes);
                 let needed = u64::from(unit.needed_bytes).saturating_sub(u64::from(block * batch.block_size_bytes));
