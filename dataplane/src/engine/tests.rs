@@ -341,9 +341,9 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
 /// core rather than in the kernel. A 4 MiB batch (32 units of 128 KiB,
 /// each delayed 100 ms) with room in the queue for all of them: bounded
 /// to 512 KiB, four are at the device at a time and the small read, sent
-/// once the first is, goes among the first eight (a round of slack for a
-/// slow test machine); unbounded, all 32 go at once and the small read
-/// after them.
+/// once the first is, goes among the first sixteen (three rounds, 300 ms,
+/// of slack for a slow test machine); unbounded, all 32 go at once and
+/// the small read after them.
 #[test]
 fn bulk_reads_at_the_device_stay_within_their_bytes_bound() {
     use crate::driver::{FaultPlan, FaultyDriver};
@@ -380,7 +380,7 @@ fn bulk_reads_at_the_device_stay_within_their_bytes_bound() {
     };
     let (peak, small_at) = run(512 << 10);
     assert!(peak <= 5, "bounded to 4 bulk units, {peak} reads were at the device at once");
-    assert!(small_at <= 8, "the small read went to the device after {small_at} bulk units");
+    assert!(small_at <= 16, "the small read went to the device after {small_at} bulk units");
     let (peak, small_at) = run(0);
     assert!(peak >= 32, "unbounded, only {peak} reads were at the device at once");
     assert_eq!(small_at, 32, "unbounded, the small read still went after every bulk unit");
