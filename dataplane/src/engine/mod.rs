@@ -148,9 +148,13 @@ pub const POLL_WINDOW_US_DEFAULT: u64 = 100;
 /// a 4 KiB × 16 reader's p99 beside two 1 MiB readers was 36–41 ms
 /// unbounded (up to 192 reads of 128 KiB a core), 37–43 ms at 16 MiB,
 /// 8.7–9.0 ms at 4 MiB, 4.7 ms at 2 MiB and 2.7 ms at 1 MiB, against
-/// 0.5 ms alone; 1 MiB sequential reads, 16 in flight, were level with
-/// unbounded at 4 MiB (1.06) and 2 MiB (1.05 of 4 MiB), while at 1 MiB
-/// the bulk readers alone lost a quarter.
+/// 0.5 ms alone. Bulk rates did not suffer: 1 MiB sequential reads, 16 in
+/// flight, were level with unbounded at 4 MiB (1.06), 2 MiB (1.05 of
+/// 4 MiB) and 1 MiB (1.03 of 2 MiB); the steering benchmark's two bulk
+/// readers (batches of 4 × 1 MiB, 4 in flight each), three alternating
+/// rounds of 4 s, did 1.14–1.36 GB/s unbounded, 1.30–1.51 at 1 MiB and
+/// 1.38–1.80 at 2 MiB: this disk reads faster with fewer reads at once.
+/// 2 MiB, not 1, for a faster device's sake.
 pub const BULK_IN_FLIGHT_BYTES_DEFAULT: u64 = 2 << 20;
 
 /// A quarter of each core's slots is kept for the latency lane, so small
