@@ -153,8 +153,9 @@ impl CoreEngine {
             let unit = batch.plan.units[unit_index];
             let is_retry = completion.tag & TAG_RETRY != 0;
             if batch.probe.lane() == Lane::Bulk {
-                let len = if is_retry { batch.block_size_bytes } else { unit.len_bytes };
-                self.bulk_in_flight_bytes -= u64::from(len);
+                let len = u64::from(if is_retry { batch.block_size_bytes } else { unit.len_bytes });
+                assert!(len <= self.bulk_in_flight_bytes, "a bulk read completed that was not counted at the device");
+                self.bulk_in_flight_bytes -= len;
             }
             let mut retried = false;
             let finished_unit = if is_retry {
