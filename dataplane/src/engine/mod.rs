@@ -144,7 +144,8 @@ pub const POLL_WINDOW_US_DEFAULT: u64 = 100;
 /// latency lane. Enough for a device's full rate is about its rate times a
 /// large read's latency (7 GB/s × 100 µs ≈ 0.7 MB for a fast NVMe drive);
 /// 2 MiB a core leaves margin. Measured on a 2-vCPU VM's virtio disk
-/// (O_DIRECT, 2 cores, `bench/steering.sh` and `bench/ab.sh`, 2026-12-05):
+/// (O_DIRECT, 2 cores, 2026-12-05; `SLUICED_FLAGS="--bulk-in-flight-bytes
+/// N" IO_MODE=direct bench/steering.sh 2 4` and `bench/ab.sh`):
 /// a 4 KiB × 16 reader's p99 beside two 1 MiB readers was 36–41 ms
 /// unbounded (up to 192 reads of 128 KiB a core), 37–43 ms at 16 MiB,
 /// 8.7–9.0 ms at 4 MiB, 4.7 ms at 2 MiB and 2.7 ms at 1 MiB, against
