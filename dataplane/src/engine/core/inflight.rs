@@ -61,7 +61,8 @@ impl CoreEngine {
         // Counted here rather than asked of the queue a read.
         let mut room = in_flight_max.saturating_sub(self.queue.in_flight());
         let bulk = lane == Lane::Bulk;
-        let bytes_max = if bulk { self.bulk_in_flight_bytes_max } else { u64::MAX };
+        let bytes_max =
+            if bulk && self.bulk_in_flight_bytes_max > 0 { self.bulk_in_flight_bytes_max } else { u64::MAX };
         let bulk_bytes = &mut self.bulk_in_flight_bytes;
         // Whether a read of `len` bytes may go now.
         let fits =

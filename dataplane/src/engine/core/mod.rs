@@ -66,8 +66,8 @@ pub(super) struct CoreEngine {
     latency_batch_bytes_max: u64,
     /// Submission queue depth; bulk batches use at most 3/4 of it.
     queue_depth: u32,
-    /// Bytes of bulk-lane reads at the device, and their bound (`u64::MAX`
-    /// where the config's 0 leaves only the queue's share).
+    /// Bytes of bulk-lane reads at the device, and their bound (0: none
+    /// but the queue's share).
     bulk_in_flight_bytes: u64,
     bulk_in_flight_bytes_max: u64,
     /// The steering policy's per-flow decisions, once steering starts.
@@ -120,10 +120,7 @@ impl CoreEngine {
             latency_batch_bytes_max: config.latency_batch_bytes_max,
             queue_depth: config.queue_depth.max(1),
             bulk_in_flight_bytes: 0,
-            bulk_in_flight_bytes_max: match config.bulk_in_flight_bytes_max {
-                0 => u64::MAX,
-                bound => bound,
-            },
+            bulk_in_flight_bytes_max: config.bulk_in_flight_bytes_max,
             decisions: None,
             active: (0..active_max).map(|_| None).collect(),
             active_free: (0..active_max).rev().collect(),
