@@ -193,6 +193,12 @@ fn hostile_clients_do_not_hurt_good_ones_over(socket_io: &[&str]) {
         node.gauge("sluice_dma_slots_leased")
     );
     assert!(node.gauge("sluice_dma_slots").is_some_and(|slots| slots > 0.0));
+    // And the cores hold nothing: no batch, no read at the device, no bulk
+    // bytes counted against the bound.
+    for gauge in ["batches", "batches_to_push", "reads_at_device", "bulk_bytes_at_device"] {
+        let name = format!("sluice_core_{gauge}{{core=\"0\"}}");
+        assert!(eventually(10, || node.gauge(&name) == Some(0.0)), "{name}: {:?}", node.gauge(&name));
+    }
     let dataset = Client::connect(&node.endpoint).expect("connect").open("data").expect("open");
     let mut buf = vec![0u8; 1 << 20];
     let statuses = dataset.read_batch(&[ReadRange { offset: 0, len: 1 << 20, dest: 0 }], &mut buf).expect("read");

@@ -26,8 +26,8 @@ pub use driver::{
     BlockDriver, DriverKind, IoMode, Namespace, NamespaceGeometry, NamespaceSpec, NvmeAdmin, NvmeNamespace,
 };
 pub use engine::{
-    spare_ranges, AttachError, BatchCompletion, BatchResult, CoreGroup, DataPlane, DataPlaneConfig, DatasetSlot,
-    DmaRegion, Hold, Outcome, Placement, ReadBatch, Reply, SubmitError, BULK_IN_FLIGHT_BYTES_DEFAULT,
+    spare_ranges, AttachError, BatchCompletion, BatchResult, CoreGroup, CoreLoadSnapshot, DataPlane, DataPlaneConfig,
+    DatasetSlot, DmaRegion, Hold, Outcome, Placement, ReadBatch, Reply, SubmitError, BULK_IN_FLIGHT_BYTES_DEFAULT,
     POLL_WINDOW_US_DEFAULT,
 };
 pub use steer::{Flow, FlowLease, LaneDecisions};

@@ -269,7 +269,9 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
                  while [ $(date +%s) -lt $end ]; do \
                    n=$(busybox wget -qO- http://127.0.0.1:{METRICS_PORT}/metrics | awk '/^sluice_dma_slots_leased/ {{print $2}}'); \
                    [ \"$n\" = 0 ] && echo returned && exit 0; sleep 0.2; done; \
-                 echo \"still leased: $n\"; rdma statistic show 2>&1; tail -n 30 {shared}/sluiced.log; exit 1"
+                 echo \"still leased: $n\"; \
+                 busybox wget -qO- http://127.0.0.1:{METRICS_PORT}/metrics | grep -E '^sluice_(core|dma)'; \
+                 rdma statistic show 2>&1; dmesg | tail -n 20; tail -n 30 {shared}/sluiced.log; exit 1"
             ),
             Duration::from_secs(SLOTS_BACK_WITHIN_S + 60),
         )

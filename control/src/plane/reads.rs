@@ -58,6 +58,11 @@ impl Serving {
     pub(super) fn dma_slots(&self) -> (usize, usize) {
         self.plane.dma_slots()
     }
+
+    /// Each data-plane core's load as of its last pass.
+    pub(super) fn core_loads(&self) -> Vec<sluice_dataplane::CoreLoadSnapshot> {
+        self.plane.core_loads()
+    }
 }
 
 /// The data-plane transports open datasets through the control plane.

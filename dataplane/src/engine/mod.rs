@@ -39,12 +39,15 @@ use crate::steer::{
 use sluice_proto::{Lane, RangeStatus};
 
 mod core;
+mod load;
 mod reply;
 mod result;
 #[cfg(test)]
 mod tests;
 
 use self::core::{CoreEngine, CoreShared, PollerSlots};
+use self::load::CoreLoad;
+pub use load::CoreLoadSnapshot;
 pub use reply::{BatchCompletion, Outcome, Reply};
 pub use result::{spare_ranges, BatchResult};
 
@@ -296,9 +299,9 @@ pub struct DataPlane {
     /// Each core's event loop, where transports place connections.
     runtimes: Vec<tokio::runtime::Handle>,
     next_core: AtomicUsize,
-    /// Per core, the batches it held (waiting or being read) at the end of
-    /// its last pass; written by the core alone.
-    held: Vec<Arc<AtomicUsize>>,
+    /// Per core, its load at the end of its last pass; written by the core
+    /// alone.
+    loads: Vec<Arc<CoreLoad>>,
     next_generation: std::sync::atomic::AtomicU32,
     slots_in_use: Mutex<Vec<bool>>,
     config: DataPlaneConfig,
@@ -349,7 +352,7 @@ impl DataPlane {
         let mut slots_total = 0;
         let mut leased_counters = Vec::with_capacity(config.cores);
         let mut runtimes = Vec::with_capacity(config.cores);
-        let mut held: Vec<Arc<AtomicUsize>> = Vec::with_capacity(config.cores);
+        let mut loads: Vec<Arc<CoreLoad>> = Vec::with_capacity(config.cores);
         let pollers = PollerSlots::for_cpus(std::thread::available_parallelism().map_or(1, |cpus| cpus.get()));
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
@@ -366,8 +369,8 @@ impl DataPlane {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<CoreReady, StartError>>();
             let driver = Arc::clone(&driver);
             let core_config = config.clone();
-            let core_held = Arc::new(AtomicUsize::new(0));
-            held.push(Arc::clone(&core_held));
+            let core_load = Arc::new(CoreLoad::default());
+            loads.push(Arc::clone(&core_load));
             let pollers = Arc::clone(&pollers);
             let thread = std::thread::Builder::new()
                 .name(format!("sluice-core-{core}"))
@@ -403,7 +406,7 @@ impl DataPlane {
                                 queue,
                                 pool,
                                 rx,
-                                CoreShared { parked, held: core_held, pollers },
+                                CoreShared { parked, load: core_load, pollers },
                                 &core_config,
                             );
                             let _ = ready_tx.send(Ok((line, region, runtime.handle().clone())));
@@ -448,7 +451,7 @@ impl DataPlane {
             senders,
             runtimes,
             next_core: AtomicUsize::new(0),
-            held,
+            loads,
             next_generation: std::sync::atomic::AtomicU32::new(1),
             slots_in_use: Mutex::new(vec![false; DATASET_SLOTS_MAX as usize]),
             config,
@@ -475,6 +478,11 @@ impl DataPlane {
     pub fn dma_slots(&self) -> (usize, usize) {
         let leased = self.leased_counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
         (leased, self.slots_total)
+    }
+
+    /// Each core's load as of its last pass, by core.
+    pub fn core_loads(&self) -> Vec<CoreLoadSnapshot> {
+        self.loads.iter().map(|load| load.snapshot()).collect()
     }
 
     /// One line on the driver, cores and buffers, for start-up logs.
@@ -546,7 +554,7 @@ impl DataPlane {
     /// its last pass; a hint, not a count to rely on).
     fn batches_held(&self, core: usize) -> usize {
         let in_inbox = self.config.inbox_depth.saturating_sub(self.senders[core].capacity());
-        in_inbox + self.held[core].load(Ordering::Relaxed)
+        in_inbox + self.loads[core].batches()
     }
 
     /// How many cores serve.

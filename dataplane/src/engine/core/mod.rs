@@ -43,8 +43,8 @@ pub(super) struct CoreShared {
     /// Raised while the core sleeps with batches waiting for slots, so a
     /// returned slot wakes it.
     pub(super) parked: Arc<AtomicBool>,
-    /// Where the core tells submitters how many batches it holds.
-    pub(super) held: Arc<AtomicUsize>,
+    /// Where the core tells submitters and metrics its load.
+    pub(super) load: Arc<CoreLoad>,
     /// The cores' places to poll (see [`PollerSlots`]).
     pub(super) pollers: Arc<PollerSlots>,
 }
@@ -55,8 +55,8 @@ pub(super) struct CoreEngine {
     pool: SlotPool,
     inbox: mpsc::Receiver<CoreMsg>,
     parked: Arc<AtomicBool>,
-    /// Where this core tells submitters how many batches it holds.
-    held: Arc<AtomicUsize>,
+    /// Where this core tells submitters and metrics its load.
+    load: Arc<CoreLoad>,
     datasets: Vec<Option<AttachedView>>,
     /// Batches in flight per dataset slot, so a detach waits for them.
     slot_batches: Vec<u32>,
@@ -100,7 +100,7 @@ impl CoreEngine {
         shared: CoreShared,
         config: &DataPlaneConfig,
     ) -> Self {
-        let CoreShared { parked, held, pollers } = shared;
+        let CoreShared { parked, load, pollers } = shared;
         let active_max = config.batches_in_flight_max.max(1);
         Self {
             id,
@@ -109,7 +109,7 @@ impl CoreEngine {
             pool,
             inbox,
             parked,
-            held,
+            load,
             datasets: vec![None; DATASET_SLOTS_MAX as usize],
             slot_batches: vec![0; DATASET_SLOTS_MAX as usize],
             detaching: Vec::new(),
@@ -166,7 +166,12 @@ impl CoreEngine {
             let reaped = self.reap();
             self.finish_detaches();
             let active = self.active.len() - self.active_free.len();
-            self.held.store(self.waiting_count() + active, Ordering::Relaxed);
+            self.load.store(CoreLoadSnapshot {
+                batches: self.waiting_count() + active,
+                batches_to_push: self.to_push.iter().map(VecDeque::len).sum(),
+                reads_at_device: self.queue.in_flight() as usize,
+                bulk_bytes_at_device: self.bulk_in_flight_bytes,
+            });
             let in_flight = self.queue.in_flight() > 0;
             if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
                 break;

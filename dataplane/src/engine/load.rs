@@ -1,0 +1,54 @@
+//! What each core says of its own load at the end of every pass. Placement
+//! reads how many batches a core holds to pick where a connection's next
+//! batch goes; the node's metrics read all of it, so an operator (or a
+//! test) can tell a core whose reads are at the device from one whose
+//! reads wait to be pushed and one that holds nothing.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// One core's load, written by that core alone and read by anyone: a
+/// snapshot as of its last pass, not a count to rely on.
+#[derive(Debug, Default)]
+pub(crate) struct CoreLoad {
+    batches: AtomicUsize,
+    batches_to_push: AtomicUsize,
+    reads_at_device: AtomicUsize,
+    bulk_bytes_at_device: AtomicU64,
+}
+
+/// A core's load as of its last pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreLoadSnapshot {
+    /// Batches waiting for slots or being read.
+    pub batches: usize,
+    /// Of those being read, the ones with reads not yet pushed to the
+    /// device (the queue was full, or the bulk lane at its bytes' bound).
+    pub batches_to_push: usize,
+    /// Reads pushed and not yet reaped.
+    pub reads_at_device: usize,
+    /// Bytes of bulk-lane reads among them (the bound's count).
+    pub bulk_bytes_at_device: u64,
+}
+
+impl CoreLoad {
+    /// Batches the core holds, for placement.
+    pub(crate) fn batches(&self) -> usize {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn store(&self, load: CoreLoadSnapshot) {
+        self.batches.store(load.batches, Ordering::Relaxed);
+        self.batches_to_push.store(load.batches_to_push, Ordering::Relaxed);
+        self.reads_at_device.store(load.reads_at_device, Ordering::Relaxed);
+        self.bulk_bytes_at_device.store(load.bulk_bytes_at_device, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> CoreLoadSnapshot {
+        CoreLoadSnapshot {
+            batches: self.batches.load(Ordering::Relaxed),
+            batches_to_push: self.batches_to_push.load(Ordering::Relaxed),
+            reads_at_device: self.reads_at_device.load(Ordering::Relaxed),
+            bulk_bytes_at_device: self.bulk_bytes_at_device.load(Ordering::Relaxed),
+        }
+    }
+}
