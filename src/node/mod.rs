@@ -127,6 +127,7 @@ impl Node {
                         .iter()
                         .map(|[a, b, ms]| (*a..*b, std::time::Duration::from_millis(*ms)))
                         .collect(),
+                    delays_unannounced: false,
                 };
                 Arc::new(FaultyDriver::new(driver, plan))
             }

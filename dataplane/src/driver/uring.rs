@@ -262,13 +262,18 @@ impl UringQueue {
         Ok(())
     }
 
+    /// Submits what was pushed. The kernel may take fewer entries than
+    /// there are (it stops at an entry it refuses before issuing it, or
+    /// when it cannot allocate): the rest stay in the submission queue and
+    /// count as unsubmitted, so the next flush or wait submits them rather
+    /// than the core waiting for completions of reads never issued.
     pub(super) fn flush(&mut self) -> io::Result<()> {
         if self.unsubmitted == 0 {
             return Ok(());
         }
-        self.ring.submit()?;
-        self.unsubmitted = 0;
-        Ok(())
+        let submitted = self.ring.submit();
+        self.unsubmitted = self.ring.submission().len() as u32;
+        submitted.map(drop)
     }
 
     #[inline]
@@ -294,15 +299,14 @@ impl UringQueue {
         if self.in_flight == 0 {
             return Ok(());
         }
-        loop {
+        let waited = loop {
             match self.ring.submit_and_wait(1) {
-                Ok(_) => break,
                 Err(err) if err.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(err) => return Err(err),
+                waited => break waited,
             }
-        }
-        self.unsubmitted = 0;
-        Ok(())
+        };
+        self.unsubmitted = self.ring.submission().len() as u32;
+        waited.map(drop)
     }
 
     pub(super) fn in_flight(&self) -> u32 {
@@ -316,5 +320,54 @@ impl UringQueue {
             self.fixed_buffer.is_some(),
             self.fixed_files
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// The kernel stops taking entries at one it refuses before issuing
+    /// it; the reads pushed after it must still go at the next flush, as
+    /// the core flushes on every pass and waits on the ring's fd, never
+    /// entering the kernel otherwise.
+    #[test]
+    fn entries_the_kernel_left_in_the_queue_go_at_the_next_flush() {
+        let mut file = tempfile::tempfile().expect("temp file");
+        file.write_all(&[7u8; 8192]).expect("write");
+        let arena = Arena::new(2, 64 * 1024).expect("arena");
+        let mut queue = UringQueue::new(&arena, 8).expect("io_uring");
+        queue.register_namespace(0, &IoTarget::Fd(file.as_raw_fd()));
+
+        // A fixed-buffer read may not select a provided buffer: refused at
+        // submission, before it is issued.
+        let refused = opcode::ReadFixed::new(types::Fd(file.as_raw_fd()), arena.slot_ptr(1, 0), 4096, 0)
+            .build()
+            .flags(io_uring::squeue::Flags::BUFFER_SELECT)
+            .user_data(1);
+        // SAFETY: the kernel refuses the entry before touching its buffer.
+        unsafe { queue.ring.submission().push(&refused) }.expect("room");
+        queue.in_flight += 1;
+        queue.unsubmitted += 1;
+        let read = ReadIo { namespace_index: 0, offset_bytes: 0, len_bytes: 4096, buf: arena.slot_ptr(0, 0), tag: 2 };
+        // SAFETY: slot 0 of the arena is this test's alone until reaped.
+        unsafe { queue.push_read(read) }.expect("room");
+
+        let mut done = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while done.len() < 2 && std::time::Instant::now() < deadline {
+            queue.flush().expect("submit");
+            queue.reap(&mut done, 8);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let refused = done.iter().find(|c| c.tag == 1).expect("the refused entry completes");
+        assert!(refused.result < 0, "refused with an error: {}", refused.result);
+        let read = done.iter().find(|c| c.tag == 2).expect("the read after it was submitted and completed");
+        assert_eq!(read.result, 4096);
+        // SAFETY: the read completed; nothing else writes slot 0.
+        assert!(unsafe { arena.slot_bytes(0, 0, 4096) }.iter().all(|&b| b == 7));
     }
 }

@@ -356,6 +356,8 @@ impl DataPlane {
         let pollers = PollerSlots::for_cpus(std::thread::available_parallelism().map_or(1, |cpus| cpus.get()));
         for core in 0..config.cores {
             let (tx, rx) = mpsc::channel(config.inbox_depth);
+            // Weak: the core's inbox still closes when the plane's senders go.
+            let nudge = tx.downgrade();
             let parked = Arc::new(AtomicBool::new(false));
             let wake = {
                 let tx = tx.clone();
@@ -406,7 +408,7 @@ impl DataPlane {
                                 queue,
                                 pool,
                                 rx,
-                                CoreShared { parked, load: core_load, pollers },
+                                CoreShared { parked, load: core_load, pollers, nudge },
                                 &core_config,
                             );
                             let _ = ready_tx.send(Ok((line, region, runtime.handle().clone())));

@@ -336,6 +336,43 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
     assert!(small_at < 16, "the small read went to the queue after {small_at} bulk units: {pushed:?}");
 }
 
+/// A core whose queue never announces a completion (a wake-up lost
+/// between the kernel and the event loop) still finds it: with the only
+/// batch at the device and no message to come, nothing else would wake
+/// it. Each read is held 20 ms past its io_uring completion and the queue
+/// names no time for it; the batch still completes.
+#[test]
+fn a_completion_nobody_announces_is_still_found() {
+    use crate::driver::{FaultPlan, FaultyDriver};
+    let data = vec![5u8; 1 << 20];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uring = Arc::new(UringDriver::new(IoMode::Buffered));
+    let ns =
+        uring.open_namespace(&NamespaceSpec::File { path: dir.path().join("ns"), create: true }).expect("namespace");
+    ns.write_at(0, &data).expect("write");
+    let plan = FaultPlan {
+        delays: vec![(0..(1 << 20), std::time::Duration::from_millis(20))],
+        delays_unannounced: true,
+        ..FaultPlan::default()
+    };
+    let driver = Arc::new(FaultyDriver::new(uring, plan));
+    let config = DataPlaneConfig { cores: 1, poll_window: std::time::Duration::ZERO, ..small_config() };
+    let plane = DataPlane::start(driver, config).expect("start");
+    let view = DatasetView::unverified(1, ns, data.len() as u64);
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(view)).await.expect("attach");
+        for _ in 0..3 {
+            let read = plane.read(slot, vec![ByteRange { offset_bytes: 4096, len_bytes: 8192 }]);
+            let result = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+                .await
+                .expect("the batch completes although no wake-up announced its read")
+                .expect("batch");
+            assert_eq!(result.statuses(), &[RangeStatus::Ok]);
+        }
+    });
+    plane.shutdown();
+}
+
 /// A core keeps no more bulk bytes at the device than its bound, so a
 /// small read that comes later waits behind at most that much, in the
 /// core rather than in the kernel. A 4 MiB batch (32 units of 128 KiB,

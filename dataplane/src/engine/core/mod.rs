@@ -7,6 +7,7 @@ mod admission;
 mod complete;
 mod inflight;
 mod poll;
+mod recheck;
 
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -17,6 +18,7 @@ use super::*;
 use inflight::ActiveBatch;
 use poll::PollWindow;
 pub(super) use poll::PollerSlots;
+use recheck::{WaitWatch, COMPLETIONS_RECHECK};
 
 /// A dataset attached to this core, with what planning needs of its
 /// namespace read once at attach (asking the namespace is a syscall for a
@@ -47,6 +49,9 @@ pub(super) struct CoreShared {
     pub(super) load: Arc<CoreLoad>,
     /// The cores' places to poll (see [`PollerSlots`]).
     pub(super) pollers: Arc<PollerSlots>,
+    /// The core's own inbox, for its recheck to nudge it; weak, so that
+    /// the inbox closes when the data plane's senders are gone.
+    pub(super) nudge: mpsc::WeakSender<CoreMsg>,
 }
 
 pub(super) struct CoreEngine {
@@ -54,6 +59,8 @@ pub(super) struct CoreEngine {
     queue: Queue,
     pool: SlotPool,
     inbox: mpsc::Receiver<CoreMsg>,
+    /// A weak sender to `inbox`, for the recheck ([`recheck::watch`]).
+    nudge: mpsc::WeakSender<CoreMsg>,
     parked: Arc<AtomicBool>,
     /// Where this core tells submitters and metrics its load.
     load: Arc<CoreLoad>,
@@ -88,6 +95,9 @@ pub(super) struct CoreEngine {
     /// Origin of probe timestamps.
     clock: std::time::Instant,
     poll: PollWindow,
+    /// Passes after a [`COMPLETIONS_RECHECK`] wake-up that found
+    /// completions the completion fd had not woken the core for.
+    late_completions: u64,
     stopping: bool,
 }
 
@@ -100,7 +110,7 @@ impl CoreEngine {
         shared: CoreShared,
         config: &DataPlaneConfig,
     ) -> Self {
-        let CoreShared { parked, load, pollers } = shared;
+        let CoreShared { parked, load, pollers, nudge } = shared;
         let active_max = config.batches_in_flight_max.max(1);
         Self {
             id,
@@ -108,6 +118,7 @@ impl CoreEngine {
             unit_bytes_max: u32::try_from(config.slot_size_bytes).expect("slot size fits u32"),
             pool,
             inbox,
+            nudge,
             parked,
             load,
             datasets: vec![None; DATASET_SLOTS_MAX as usize],
@@ -131,6 +142,7 @@ impl CoreEngine {
             verify_chunks: config.verify_chunks,
             clock: std::time::Instant::now(),
             poll: PollWindow::new(config.poll_window, pollers),
+            late_completions: 0,
             stopping: false,
         }
     }
@@ -155,6 +167,9 @@ impl CoreEngine {
                 None
             }
         };
+        let waits = Arc::new(WaitWatch::default());
+        tokio::spawn(recheck::watch(Arc::clone(&waits), self.nudge.clone()));
+        let mut rechecked = false;
         loop {
             self.pool.reclaim();
             let handled = self.drain_inbox();
@@ -164,6 +179,9 @@ impl CoreEngine {
                 tracing::error!(core = self.id, "submitting I/O: {err}");
             }
             let reaped = self.reap();
+            if std::mem::take(&mut rechecked) && reaped > 0 {
+                self.completion_found_late(reaped);
+            }
             self.finish_detaches();
             let active = self.active.len() - self.active_free.len();
             self.load.store(CoreLoadSnapshot {
@@ -199,7 +217,11 @@ impl CoreEngine {
                         }
                         tokio::task::yield_now().await;
                     }
-                    (watched, due) => self.await_completion_or_message(watched.as_ref(), due).await,
+                    (watched, due) => {
+                        waits.enter();
+                        self.await_completion_or_message(watched.as_ref(), due).await;
+                        rechecked = waits.leave();
+                    }
                 }
             } else if self.units_to_push() {
                 // The queue drained with units still to push (batches with
@@ -219,7 +241,8 @@ impl CoreEngine {
 
     /// Sleeps in the event loop until the queue has completions (its fd
     /// turns readable, or the time it named for one comes) or a message
-    /// arrives (handled here), whichever is first.
+    /// arrives (handled here; the recheck's nudge is one), whichever is
+    /// first.
     async fn await_completion_or_message(
         &mut self,
         watched: Option<&AsyncFd<CompletionFd>>,
@@ -238,7 +261,8 @@ impl CoreEngine {
             }
         };
         tokio::select! {
-            () = due => {}
+            // The fd first: completions it announces are not late.
+            biased;
             ready = readable => match ready {
                 // Cleared before the next reap, so a completion that lands
                 // after that reap raises readiness again.
@@ -254,6 +278,26 @@ impl CoreEngine {
                 Some(msg) => self.handle(msg),
                 None => self.stopping = true,
             },
+            () = due => {}
+        }
+    }
+
+    /// Notes a pass that found `reaped` completions after the recheck's
+    /// nudge, not the completion fd, ended the core's wait: the first time
+    /// and every thousandth after, a warning (a wake-up lost between the
+    /// kernel and the event loop, or a device slower than
+    /// [`COMPLETIONS_RECHECK`]), else a debug line.
+    fn completion_found_late(&mut self, reaped: usize) {
+        self.late_completions += 1;
+        if self.late_completions % 1000 == 1 {
+            tracing::warn!(
+                core = self.id,
+                reaped,
+                times = self.late_completions,
+                "completions found by the {COMPLETIONS_RECHECK:?} recheck, not announced by the queue's fd"
+            );
+        } else {
+            tracing::debug!(core = self.id, reaped, "completions found by the recheck");
         }
     }
 
