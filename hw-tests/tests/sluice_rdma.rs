@@ -32,13 +32,21 @@ fn check_report(text: &str, what: &str) -> serde_json::Value {
 /// under TCG, soft-RoCE now and then loses a burst of packets and its
 /// retransmission does not always recover; the client gives such a
 /// connection up after its response timeout (the node too) and says so,
-/// and a new connection must then serve. Any other failure is final.
-fn with_stall_retry(command: &str, tag: &str) -> String {
+/// and a new connection must then serve. The wire itself has gone quiet
+/// for tens of seconds in such a stall (the retry's TCP connect to the
+/// control API timed out), so the retry waits until the storage host
+/// (`storage`, its address) answers a ping again, at most 90 s, and says
+/// how long it waited. Any other failure is final.
+fn with_stall_retry(command: &str, tag: &str, storage: &str) -> String {
     format!(
         "for attempt in 1 2; do \
            out=$({command} 2> /tmp/stall-{tag}.err) && {{ echo \"$out\"; cat /tmp/stall-{tag}.err >&2; exit 0; }}; \
-           grep -q 'no response within' /tmp/stall-{tag}.err || break; \
-           echo 'rig: an rxe connection stalled; retrying on a new one' >&2; \
+           grep -q 'no response within' /tmp/stall-{tag}.err && [ $attempt = 1 ] || break; \
+           since=$(date +%s); \
+           until busybox ping -c 1 -W 1 {storage} > /dev/null 2>&1 || [ $(( $(date +%s) - since )) -ge 90 ]; do \
+             sleep 1; done; \
+           echo \"rig: an rxe connection stalled; retrying on a new one after $(( $(date +%s) - since )) s \
+                 waiting for {storage} to answer a ping\" >&2; \
          done; cat /tmp/stall-{tag}.err >&2; exit 1"
     )
 }
@@ -73,7 +81,11 @@ fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data
     let out = rig
         .exec_with(
             Host::Training,
-            &with_stall_retry(&format!("PYTHONPATH={package} {GUEST_PYTHON} {shared}/python-read.py"), "python"),
+            &with_stall_retry(
+                &format!("PYTHONPATH={package} {GUEST_PYTHON} {shared}/python-read.py"),
+                "python",
+                &rig.addr(Host::Storage),
+            ),
             Duration::from_secs(240),
         )
         .expect("run python");
@@ -181,7 +193,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
              --verify {source}"
         );
         let run = rig
-            .exec_with(Host::Training, &with_stall_retry(&command, label), Duration::from_secs(240))
+            .exec_with(Host::Training, &with_stall_retry(&command, label, &storage), Duration::from_secs(240))
             .unwrap_or_else(|e| panic!("bench {label}: {e}"));
         assert!(run.success(), "{}", run.stderr);
         run.stdout
@@ -205,7 +217,8 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
                         "{read} --json bench read tokens --size 8191 --align 1 --batch 16 --inflight 1 --seconds 2 \
                          --verify {source}"
                     ),
-                    "client-$i"
+                    "client-$i",
+                    &storage,
                 )
             ),
             Duration::from_secs(300),
@@ -291,6 +304,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
                     "{read} --json bench read tokens --size 4096 --align 1 --batch 64 --seconds 1 --verify {source}"
                 ),
                 "after",
+                &storage,
             ),
             Duration::from_secs(120),
         )

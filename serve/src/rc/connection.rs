@@ -106,6 +106,15 @@ pub(super) struct Connection<R> {
     spare_dests: Vec<Vec<u64>>,
 }
 
+/// How long a closing connection waits for its QP, in the error state, to
+/// flush the SENDs of its responses before leaving their slots to the
+/// teardown.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// A teardown slower than this is worth a warning: it held the
+/// connection's id (and, before [`Connection::release_slots`], its slots).
+const CLOSE_SLOW: Duration = Duration::from_secs(2);
+
 /// RDMA connections set up (queue pair, registered message slots) that
 /// have not yet opened a dataset; more are rejected until one does or is
 /// closed at the handshake deadline.
@@ -209,10 +218,53 @@ impl<R: DatasetResolver> Connection<R> {
                 }
             }
         }
+        self.release_slots().await;
         // Destroying the id of a connection whose peer is gone can block
         // for the CM's disconnect timeout (tens of seconds): off the async
         // threads, so other connections and their watchdogs keep running.
-        tokio::task::spawn_blocking(move || self.close());
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let client = self.client_id;
+            self.close();
+            if started.elapsed() > CLOSE_SLOW {
+                tracing::warn!(client, "tearing down an RDMA connection took {:?}", started.elapsed());
+            }
+        });
+    }
+
+    /// Gives back the DMA slots of every response before the teardown,
+    /// which may block: those never posted at once, and those posted once
+    /// the QP, moved to the error state, has flushed their SENDs (RC
+    /// completes in order, so their WRITEs are done too). A peer that
+    /// vanished with responses in flight once kept their slots while
+    /// `close` waited on the CM (`hw-tests`' killed client: 16 slots for
+    /// over 45 s). What does not flush within [`FLUSH_WAIT`] goes back
+    /// when the QP is destroyed, as before.
+    async fn release_slots(&mut self) {
+        self.waiting.clear();
+        if self.in_flight.iter().all(Option::is_none) {
+            return;
+        }
+        if let Err(err) = self.qp.to_error() {
+            tracing::warn!(client = self.client_id, "{err}; its responses' slots come back at the teardown");
+            return;
+        }
+        let deadline = Instant::now() + FLUSH_WAIT;
+        let mut completions = Vec::new();
+        while self.in_flight.iter().any(Option::is_some) && Instant::now() < deadline {
+            completions.clear();
+            if self.qp.cq().poll(&mut completions, 64).is_err() {
+                return;
+            }
+            for wc in &completions {
+                if wc.wr_id & WR_TAG_MASK == WR_SEND {
+                    self.send_completed(wc.wr_id as u32);
+                }
+            }
+            if completions.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 
     /// Disconnects and destroys the QP, returns the DMA slots of every

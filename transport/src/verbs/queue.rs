@@ -277,6 +277,29 @@ impl QueuePair {
         self.caps
     }
 
+    /// Moves the QP to the error state: the device stops working on its
+    /// send queue and completes every outstanding work request (flushed),
+    /// so once a request's completion is polled its memory is free again.
+    /// Unlike [`QueuePair::destroy`] this never waits on the peer or the
+    /// CM: a connection frees what its requests held without the teardown
+    /// that may block. Work requests may not be posted afterwards.
+    pub fn to_error(&mut self) -> Result<(), VerbsError> {
+        if self.destroyed {
+            return Ok(());
+        }
+        // SAFETY: ibv_qp_attr is plain data; zero is a valid value.
+        let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_ERR;
+        let mask = rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: a live QP (not destroyed, by the flag); attr outlives the
+        // call.
+        let ret = unsafe { rdma_sys::ibv_modify_qp((*self.id.raw()).qp, &mut attr, mask) };
+        if ret != 0 {
+            return Err(VerbsError::code("ibv_modify_qp (to error)", ret));
+        }
+        Ok(())
+    }
+
     /// Disconnects and destroys the QP now, leaving the id (and the CQ and
     /// PD) to the drop. Once this returns the device touches none of the
     /// memory the QP's work requests named, so their buffers may be reused;
