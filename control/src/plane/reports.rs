@@ -68,29 +68,11 @@ impl ControlPlane {
         // Per core: a core whose batches stay while nothing is at the device
         // and nothing waits to be pushed is stuck, and these tell which.
         let loads = self.serving.core_loads();
-        let per_core = |value: &dyn Fn(&sluice_dataplane::CoreLoadSnapshot) -> f64| {
-            loads.iter().enumerate().map(|(core, load)| (vec![("core", core.to_string())], value(load))).collect()
-        };
-        gauges.push(Gauge {
-            name: "sluice_core_batches",
-            help: "Batches a data-plane core holds: waiting for DMA slots or being read.",
-            samples: per_core(&|load| load.batches as f64),
-        });
-        gauges.push(Gauge {
-            name: "sluice_core_batches_to_push",
-            help: "Batches being read with reads not yet at the device (queue full, or bulk reads at their bound).",
-            samples: per_core(&|load| load.batches_to_push as f64),
-        });
-        gauges.push(Gauge {
-            name: "sluice_core_reads_at_device",
-            help: "Reads a data-plane core has at the device.",
-            samples: per_core(&|load| load.reads_at_device as f64),
-        });
-        gauges.push(Gauge {
-            name: "sluice_core_bulk_bytes_at_device",
-            help: "Bytes of bulk-lane reads a data-plane core has at the device (bounded by bulk_in_flight_bytes).",
-            samples: per_core(&|load| load.bulk_bytes_at_device as f64),
-        });
+        for (name, help, value) in CORE_GAUGES {
+            let samples =
+                loads.iter().enumerate().map(|(core, load)| (vec![("core", core.to_string())], value(load))).collect();
+            gauges.push(Gauge { name, help, samples });
+        }
         for dir in data_dirs.iter().filter(|d| d.capacity_bytes > 0) {
             gauges.push(Gauge {
                 name: "sluice_data_dir_capacity_bytes",
@@ -153,3 +135,23 @@ impl ControlPlane {
 
 /// One figure of a cache's report.
 type CacheValue = fn(&sluice_proto::api::CacheReport) -> u64;
+
+/// The per-core gauges: name, help, and the value from a core's load.
+type CoreGauge = (&'static str, &'static str, fn(&sluice_dataplane::CoreLoadSnapshot) -> f64);
+
+const CORE_GAUGES: [CoreGauge; 4] = [
+    ("sluice_core_batches", "Batches a data-plane core holds: waiting for DMA slots or being read.", |load| {
+        load.batches as f64
+    }),
+    (
+        "sluice_core_batches_to_push",
+        "Batches being read with reads not yet at the device (queue full, or bulk reads at their bound).",
+        |load| load.batches_to_push as f64,
+    ),
+    ("sluice_core_reads_at_device", "Reads a data-plane core has at the device.", |load| load.reads_at_device as f64),
+    (
+        "sluice_core_bulk_bytes_at_device",
+        "Bytes of bulk-lane reads a data-plane core has at the device (bounded by bulk_in_flight_bytes).",
+        |load| load.bulk_bytes_at_device as f64,
+    ),
+];
