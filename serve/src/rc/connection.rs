@@ -249,22 +249,7 @@ impl<R: DatasetResolver> Connection<R> {
             tracing::warn!(client = self.client_id, "{err}; its responses' slots come back at the teardown");
             return;
         }
-        let deadline = Instant::now() + FLUSH_WAIT;
-        let mut completions = Vec::new();
-        while self.in_flight.iter().any(Option::is_some) && Instant::now() < deadline {
-            completions.clear();
-            if self.qp.cq().poll(&mut completions, 64).is_err() {
-                return;
-            }
-            for wc in &completions {
-                if wc.wr_id & WR_TAG_MASK == WR_SEND {
-                    self.send_completed(wc.wr_id as u32);
-                }
-            }
-            if completions.is_empty() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
+        self.await_sends(FLUSH_WAIT, false).await;
     }
 
     /// Disconnects and destroys the QP, returns the DMA slots of every
@@ -283,11 +268,21 @@ impl<R: DatasetResolver> Connection<R> {
         if self.flush().is_err() {
             return;
         }
-        let deadline = Instant::now() + Duration::from_secs(1);
+        self.await_sends(Duration::from_secs(1), true).await;
+    }
+
+    /// Polls the completion queue, outside the serve loop, until every
+    /// posted response's SEND has completed or `within` has passed; each
+    /// completed SEND frees its slot and the batch's DMA slots. With
+    /// `stop_on_error`, a failed completion ends the wait (the QP is dead).
+    async fn await_sends(&mut self, within: Duration, stop_on_error: bool) {
+        let deadline = Instant::now() + within;
         let mut completions = Vec::new();
-        while Instant::now() < deadline && self.free_send.len() < self.in_flight.len() {
+        while Instant::now() < deadline && self.in_flight.iter().any(Option::is_some) {
             completions.clear();
-            if self.qp.cq().poll(&mut completions, 64).is_err() || completions.iter().any(|wc| !wc.is_ok()) {
+            if self.qp.cq().poll(&mut completions, 64).is_err()
+                || (stop_on_error && completions.iter().any(|wc| !wc.is_ok()))
+            {
                 return;
             }
             for wc in &completions {
@@ -295,7 +290,9 @@ impl<R: DatasetResolver> Connection<R> {
                     self.send_completed(wc.wr_id as u32);
                 }
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            if completions.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     }
 
