@@ -160,27 +160,42 @@ pub fn start_etcd(dir: &Path) -> Option<EtcdServer> {
     std::fs::create_dir_all(&pki).expect("pki dir");
     let authority = super::pki::authority(&pki, "etcd-test-ca");
     let (server_cert, server_key) = super::pki::issue(&pki, &authority, "etcd-server", true);
-    let (client, peer) = (free_port(), free_port());
-    let client_url = format!("https://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let child = Command::new(binary)
-        .args(["--name", "test", "--data-dir", path(&dir.join("etcd"))])
-        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("test={peer_url}")])
-        .args(["--cert-file", path(&server_cert), "--key-file", path(&server_key)])
-        .args(["--trusted-ca-file", path(&authority.pem), "--client-cert-auth"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn etcd");
+    // Ports are chosen free, then bound by etcd a moment later; another
+    // test's listener can take one in that gap and etcd then exits. Such a
+    // start is tried again on other ports, in a data directory of its own.
     let ca = authority.pem.clone();
-    let server = EtcdServer { child, endpoint: client_url, pki, ca, authority };
-    assert!(
-        eventually(30, || server.etcdctl(None).args(["endpoint", "health"]).output().is_ok_and(|o| o.status.success())),
-        "etcd did not become healthy at {}",
-        server.endpoint
-    );
+    let spawn = |tries: u32| {
+        let (client, peer) = (free_port(), free_port());
+        let client_url = format!("https://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(&binary)
+            .args(["--name", "test", "--data-dir", path(&dir.join(format!("etcd-{tries}")))])
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .args(["--cert-file", path(&server_cert), "--key-file", path(&server_key)])
+            .args(["--trusted-ca-file", path(&ca), "--client-cert-auth"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn etcd");
+        (child, client_url)
+    };
+    let (child, endpoint) = spawn(1);
+    let mut server = EtcdServer { child, endpoint, pki, ca: ca.clone(), authority };
+    for tries in 1.. {
+        let mut exited = false;
+        let healthy = eventually(30, || {
+            exited = exited || !matches!(server.child.try_wait(), Ok(None));
+            exited || server.etcdctl(None).args(["endpoint", "health"]).output().is_ok_and(|o| o.status.success())
+        });
+        if healthy && !exited {
+            break;
+        }
+        assert!(exited && tries < 5, "etcd did not become healthy at {} (try {tries})", server.endpoint);
+        eprintln!("etcd at {} exited before it was healthy; choosing other ports", server.endpoint);
+        (server.child, server.endpoint) = spawn(tries + 1);
+    }
     for args in [
         vec!["user", "add", "root", &format!("--new-user-password={ROOT_PASSWORD}")],
         vec!["user", "grant-role", "root", "root"],
