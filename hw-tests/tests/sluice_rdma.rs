@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use hw_tests::{require, Host, Rig, GUEST_PYTHON, SLUICE_CONTROL_PORT as CONTROL_PORT};
+use hw_tests::{require, Host, Rig, RigOutput, GUEST_PYTHON, SLUICE_CONTROL_PORT as CONTROL_PORT};
 use rand::{Rng, SeedableRng};
 
 const DATASET_BYTES: usize = 32 << 20;
@@ -56,6 +56,18 @@ fn with_stall_retry(command: &str, tag: &str, storage: &str) -> String {
     )
 }
 
+/// Why a command run with [`with_stall_retry`] failed: its stderr, and
+/// when the wire stayed dead, the rig's report on the wire (both guests'
+/// counters and the host's socket queues), so the failure says where the
+/// packets stop.
+fn failure(rig: &Rig, out: &RigOutput) -> String {
+    if out.stderr.contains("the wire stays dead") {
+        format!("{}\n{}", out.stderr, rig.wire_report())
+    } else {
+        out.stderr.clone()
+    }
+}
+
 /// The Python package in the training guest, with its RDMA build: it
 /// loads that build (rdma-core is installed there), connects over RDMA,
 /// and reads random unaligned ranges and a `read_into` a NumPy array
@@ -94,7 +106,7 @@ fn python_reads_over_rdma(rig: &Rig, endpoint: &str, ca: &str, token: &str, data
             Duration::from_secs(240),
         )
         .expect("run python");
-    assert!(out.success(), "python over RDMA: {}\n{}", out.stdout, out.stderr);
+    assert!(out.success(), "python over RDMA: {}\n{}", out.stdout, failure(rig, &out));
     let report: serde_json::Value = serde_json::from_str(out.stdout.trim().lines().last().unwrap_or(""))
         .unwrap_or_else(|e| panic!("python's report ({e}): {}", out.stdout));
     assert_eq!(report["module"], "sluice._native_rdma", "{report}");
@@ -200,7 +212,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         let run = rig
             .exec_with(Host::Training, &with_stall_retry(&command, label, &storage), Duration::from_secs(240))
             .unwrap_or_else(|e| panic!("bench {label}: {e}"));
-        assert!(run.success(), "{}", run.stderr);
+        assert!(run.success(), "{}", failure(&rig, &run));
         run.stdout
     };
     let report = check_report(&bench(3001, 2048, "small"), "2048-range batches");
@@ -230,7 +242,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         )
         .expect("eight clients");
     let reports: Vec<&str> = eight.stdout.lines().filter(|l| l.starts_with('{')).collect();
-    assert_eq!(reports.len(), 8, "eight reports: {}\n{}", eight.stdout, eight.stderr);
+    assert_eq!(reports.len(), 8, "eight reports: {}\n{}", eight.stdout, failure(&rig, &eight));
     for (i, report) in reports.iter().enumerate() {
         check_report(report, &format!("client {i} of 8"));
     }
@@ -314,7 +326,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
             Duration::from_secs(240),
         )
         .expect("bench after the kill");
-    assert!(after.success(), "{}", after.stderr);
+    assert!(after.success(), "{}", failure(&rig, &after));
     check_report(&after.stdout, "the client after the killed one");
 
     // A connect request sets how often the node's sends retry a

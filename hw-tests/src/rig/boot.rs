@@ -52,7 +52,7 @@ impl Rig {
         }
         let mut rig = Self {
             spec,
-            backend: Backend::Guests { guests, share: share.clone() },
+            backend: Backend::Guests { guests, share: share.clone(), wire_port },
             run_dir,
             controllers: Vec::new(),
             next_request: AtomicU64::new(0),

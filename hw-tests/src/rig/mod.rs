@@ -214,7 +214,13 @@ fn hardware_mode() -> Option<Hardware> {
 }
 
 enum Backend {
-    Guests { guests: Vec<Guest>, share: PathBuf },
+    /// QEMU guests; `wire_port` is the host loopback port of the socket
+    /// netdev between them (0 with one guest).
+    Guests {
+        guests: Vec<Guest>,
+        share: PathBuf,
+        wire_port: u16,
+    },
     Local(Hardware),
 }
 
@@ -360,6 +366,47 @@ impl Rig {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// What the wire between the guests looks like now, for a failure
+    /// message when it stopped carrying packets: each guest's interface
+    /// counters, neighbours and last kernel lines, and the host's view of
+    /// the QEMU socket that carries the wire (its send and receive queues
+    /// say which QEMU stopped reading or writing). Taken twice, 5 s apart,
+    /// with a ping in between, so the counters show which side still moves.
+    pub fn wire_report(&self) -> String {
+        let Backend::Guests { wire_port, .. } = &self.backend else {
+            return "real hardware: no rig wire to report on".into();
+        };
+        let other = |host: Host| match host {
+            Host::Storage => Host::Training,
+            Host::Training => Host::Storage,
+        };
+        let mut report = String::new();
+        for round in 1..=2 {
+            for host in [Host::Storage, Host::Training] {
+                let script = format!(
+                    "busybox ping -c 2 -W 1 {} 2>&1 | tail -n 2; cat /proc/net/dev; ip -s neigh; dmesg | tail -n 10",
+                    other(host).wire_addr()
+                );
+                let text = match self.exec_with(host, &script, Duration::from_secs(30)) {
+                    Ok(out) => out.stdout + &out.stderr,
+                    Err(e) => format!("(could not ask: {e})"),
+                };
+                report += &format!("--- {} (round {round}):\n{text}\n", host.name());
+            }
+            let needle = format!(":{wire_port:04X} ");
+            let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+            let sockets: Vec<&str> = table.lines().filter(|line| line.contains(&needle)).collect();
+            report += &format!(
+                "--- host /proc/net/tcp for wire port {wire_port} (tx_queue:rx_queue in column 5, round {round}):\n{}\n",
+                sockets.join("\n")
+            );
+            if round == 1 {
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        }
+        report
     }
 
     /// The console output of a guest so far (empty on real hardware).
