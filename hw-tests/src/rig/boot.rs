@@ -39,20 +39,15 @@ impl Rig {
         std::fs::write(share.join("agent.sh"), include_str!("../../guest/agent.sh"))
             .map_err(|e| RigError::io("writing the agent", e))?;
 
-        let wire_port = if spec.hosts > 1 { free_port()? } else { 0 };
+        let wire_ports = if spec.hosts > 1 { [free_udp_port()?, free_udp_port()?] } else { [0, 0] };
         let mut guests = Vec::new();
         for host in [Host::Storage, Host::Training].into_iter().take(spec.hosts) {
-            let args = qemu_args(&spec, host, &kernel, &initrd, &run_dir, &share, wire_port)?;
+            let args = qemu_args(&spec, host, &kernel, &initrd, &run_dir, &share, wire_ports)?;
             guests.push(Guest::spawn(host.name(), &qemu, &args, &run_dir.join(format!("{}.console", host.name())))?);
-            if host == Host::Storage && spec.hosts > 1 {
-                // The training guest connects to the storage guest's end of
-                // the wire, which must be listening first.
-                wait_listening(wire_port, &mut guests[0], spec.boot_timeout)?;
-            }
         }
         let mut rig = Self {
             spec,
-            backend: Backend::Guests { guests, share: share.clone(), wire_port },
+            backend: Backend::Guests { guests, share: share.clone(), wire_ports },
             run_dir,
             controllers: Vec::new(),
             next_request: AtomicU64::new(0),
@@ -149,7 +144,7 @@ pub(super) fn qemu_args(
     initrd: &Path,
     run_dir: &Path,
     share: &Path,
-    wire_port: u16,
+    wire_ports: [u16; 2],
 ) -> Result<Vec<String>, RigError> {
     let mut args: Vec<String> = Vec::new();
     let mut push = |parts: &[&str]| args.extend(parts.iter().map(|s| s.to_string()));
@@ -170,11 +165,21 @@ pub(super) fn qemu_args(
     push(&["-fsdev", &format!("local,id=rs,path={},security_model=none", share.display())]);
     push(&["-device", "virtio-9p-pci,fsdev=rs,mount_tag=rigshare"]);
     if spec.hosts > 1 {
-        let end = match host {
-            Host::Storage => format!("listen=127.0.0.1:{wire_port}"),
-            Host::Training => format!("connect=127.0.0.1:{wire_port}"),
-        };
-        push(&["-netdev", &format!("socket,id=wire,{end}")]);
+        // A datagram wire: each guest's frames go to the other's UDP port
+        // on loopback, one frame a datagram. A stream wire (`socket,listen`)
+        // couples the two QEMUs: a full socket stops the sender's virtio-net
+        // transmit queue until the socket drains, and under soft-RoCE load
+        // the storage guest's transmit queue then stayed stopped for good
+        // (its packet count frozen, the socket empty). Here a full receiver
+        // drops a frame, as a real link does, and rxe and TCP resend it.
+        let (local, remote) = (wire_ports[host.index()], wire_ports[1 - host.index()]);
+        push(&[
+            "-netdev",
+            &format!(
+                "dgram,id=wire,local.type=inet,local.host=127.0.0.1,local.port={local},\
+                 remote.type=inet,remote.host=127.0.0.1,remote.port={remote}"
+            ),
+        ]);
         push(&["-device", &format!("virtio-net-pci,netdev=wire,mac={}", host.wire_mac())]);
     }
     if storage_with_nvme {
@@ -205,33 +210,6 @@ pub(super) fn qemu_args(
     Ok(args)
 }
 
-/// Waits until QEMU listens on `port` (read from /proc/net/tcp, so no probe
-/// connection takes the one the other guest needs).
-pub(super) fn wait_listening(port: u16, guest: &mut Guest, limit: Duration) -> Result<(), RigError> {
-    let started = Instant::now();
-    let needle = format!(":{port:04X} 00000000:0000 0A");
-    loop {
-        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        if table.lines().any(|line| line.contains(&needle)) {
-            return Ok(());
-        }
-        let reason = match guest.exited() {
-            Some(status) => Some(format!("QEMU exited: {status}")),
-            None if started.elapsed() > limit => Some(format!("QEMU never listened on port {port}")),
-            None => None,
-        };
-        if let Some(reason) = reason {
-            return Err(RigError::Boot {
-                host: guest.name.clone(),
-                seconds: started.elapsed().as_secs(),
-                reason,
-                log: guest.console_log.display().to_string(),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// An exclusive lock on the cache, across threads and processes (flock
 /// locks belong to each open of the file).
 pub(super) fn lock_cache(cache: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, RigError> {
@@ -246,7 +224,8 @@ pub(super) fn lock_cache(cache: &Path) -> Result<nix::fcntl::Flock<std::fs::File
         .map_err(|(_, errno)| RigError::io("locking the rig cache", errno.into()))
 }
 
-pub(super) fn free_port() -> Result<u16, RigError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| RigError::io("finding a free port", e))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| RigError::io("finding a free port", e))
+/// A UDP port free on loopback now, for one end of the wire.
+pub(super) fn free_udp_port() -> Result<u16, RigError> {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| RigError::io("finding a free port", e))?;
+    socket.local_addr().map(|a| a.port()).map_err(|e| RigError::io("finding a free port", e))
 }

@@ -1,7 +1,6 @@
 //! The rig API tests use: build, boot, run commands in hosts, tear down.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -214,12 +213,12 @@ fn hardware_mode() -> Option<Hardware> {
 }
 
 enum Backend {
-    /// QEMU guests; `wire_port` is the host loopback port of the socket
-    /// netdev between them (0 with one guest).
+    /// QEMU guests; `wire_ports` are the storage and training guests' UDP
+    /// ports of the wire between them on host loopback (0 with one guest).
     Guests {
         guests: Vec<Guest>,
         share: PathBuf,
-        wire_port: u16,
+        wire_ports: [u16; 2],
     },
     Local(Hardware),
 }
@@ -371,11 +370,11 @@ impl Rig {
     /// What the wire between the guests looks like now, for a failure
     /// message when it stopped carrying packets: each guest's interface
     /// counters, neighbours and last kernel lines, and the host's view of
-    /// the QEMU socket that carries the wire (its send and receive queues
-    /// say which QEMU stopped reading or writing). Taken twice, 5 s apart,
+    /// the QEMU sockets that carry the wire (their queues and drops say
+    /// which QEMU stopped reading). Taken twice, 5 s apart,
     /// with a ping in between, so the counters show which side still moves.
     pub fn wire_report(&self) -> String {
-        let Backend::Guests { wire_port, .. } = &self.backend else {
+        let Backend::Guests { wire_ports, .. } = &self.backend else {
             return "real hardware: no rig wire to report on".into();
         };
         let other = |host: Host| match host {
@@ -386,7 +385,8 @@ impl Rig {
         for round in 1..=2 {
             for host in [Host::Storage, Host::Training] {
                 let script = format!(
-                    "busybox ping -c 2 -W 1 {} 2>&1 | tail -n 2; cat /proc/net/dev; ip -s neigh; dmesg | tail -n 10",
+                    "busybox ping -c 2 -W 1 {} 2>&1 | tail -n 2; cat /proc/net/dev; ip -s neigh; \
+                     dmesg | grep -i -A2 -e watchdog -e 'timed out' -e 'cut here' | head -n 12; dmesg | tail -n 4",
                     other(host).wire_addr()
                 );
                 let text = match self.exec_with(host, &script, Duration::from_secs(30)) {
@@ -395,11 +395,14 @@ impl Rig {
                 };
                 report += &format!("--- {} (round {round}):\n{text}\n", host.name());
             }
-            let needle = format!(":{wire_port:04X} ");
-            let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-            let sockets: Vec<&str> = table.lines().filter(|line| line.contains(&needle)).collect();
+            let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+            let sockets: Vec<&str> = table
+                .lines()
+                .filter(|line| wire_ports.iter().any(|port| line.contains(&format!("0100007F:{port:04X} "))))
+                .collect();
             report += &format!(
-                "--- host /proc/net/tcp for wire port {wire_port} (tx_queue:rx_queue in column 5, round {round}):\n{}\n",
+                "--- host /proc/net/udp for wire ports {wire_ports:?} (tx_queue:rx_queue in column 5, drops last, \
+                 round {round}):\n{}\n",
                 sockets.join("\n")
             );
             if round == 1 {
