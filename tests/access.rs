@@ -273,7 +273,7 @@ fn metrics_open_to_a_scraper_token_or_address_only() {
     let tokens = dir.path().join("scrapers");
     std::fs::write(&tokens, "prometheus-scraper-token\n").expect("write");
     std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let port = common::free_port();
     let config = dir.path().join("node.toml");
     std::fs::write(&config, format!("metrics_tokens = {tokens:?}\nmetrics_listen = \"127.0.0.1:{port}\"\n"))
         .expect("config");

@@ -133,10 +133,6 @@ pub fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
-}
-
 pub fn etcd_binary() -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()
@@ -165,7 +161,7 @@ pub fn start_etcd(dir: &Path) -> Option<EtcdServer> {
     // start is tried again on other ports, in a data directory of its own.
     let ca = authority.pem.clone();
     let spawn = |tries: u32| {
-        let (client, peer) = (free_port(), free_port());
+        let (client, peer) = (super::free_port(), super::free_port());
         let client_url = format!("https://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let child = Command::new(&binary)

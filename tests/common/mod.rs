@@ -255,6 +255,13 @@ pub fn assert_socket_io(node: &NodeProcess, socket_io: &[&str]) {
     assert_eq!(node.io_uring_count(), rings, "io_uring instances of a node started with {socket_io:?}");
 }
 
+/// A loopback TCP port free now. A server given it binds it a moment
+/// later, when another test may have taken it; a slow starter checks that
+/// its server serves there and chooses again (`s3.rs`, `etcd.rs`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
 /// Waits up to `seconds` for `check` to hold.
 pub fn eventually(seconds: u64, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(seconds);

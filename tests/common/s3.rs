@@ -79,7 +79,7 @@ impl S3 {
         let mut tries = 0;
         let (moto, port) = loop {
             tries += 1;
-            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+            let port = super::free_port();
             let log = tempfile::NamedTempFile::new().expect("moto log");
             let mut moto = Command::new(&binary)
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
