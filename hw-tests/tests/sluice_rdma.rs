@@ -50,7 +50,7 @@ fn with_stall_retry(command: &str, tag: &str, storage: &str) -> String {
              sleep 1; done; \
            echo \"rig: an rxe connection stalled; retrying on a new one after $(( $(date +%s) - since )) s \
                  waiting for {storage} to answer a ping\" >&2; \
-           busybox ping -c 1 -W 1 {storage} > /dev/null 2>&1 || echo 'rig: the wire stays dead' >&2; \
+           busybox ping -c 1 -W 1 {storage} > /dev/null 2>&1 || echo 'rig: {WIRE_DEAD}' >&2; \
          done; cat /tmp/stall-{tag}.err >&2; exit 1"
     )
 }
@@ -60,7 +60,7 @@ fn with_stall_retry(command: &str, tag: &str, storage: &str) -> String {
 /// counters and the host's socket queues), so the failure says where the
 /// packets stop.
 fn failure(rig: &Rig, out: &RigOutput) -> String {
-    if out.stderr.contains("the wire stays dead") {
+    if out.stderr.contains(WIRE_DEAD) {
         format!("{}\n{}", out.stderr, rig.wire_report())
     } else {
         out.stderr.clone()
@@ -130,13 +130,41 @@ const WRITE_TIMEOUT_S: u64 = 30;
 /// The write timeout, the node's once-a-second watchdog and slack.
 const SLOTS_BACK_WITHIN_S: u64 = WRITE_TIMEOUT_S + 15;
 
+/// What a stall retry prints when the storage guest's frames no longer
+/// reach the training guest at all.
+const WIRE_DEAD: &str = "the wire stays dead";
+
+/// The scenario runs on new guests once more when the wire between the
+/// guests died in the first: in about one run in ten the storage guest's
+/// NIC stops sending for good (its transmit count frozen while it still
+/// receives), below anything sluice does, and no retry inside the guests
+/// brings it back. The first try's failure, with the wire report, is
+/// printed and its run directory kept; any other failure, and a dead wire
+/// in the second try, fails the test.
 #[test]
 fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
-    let Some(rig) =
-        require(Rig::builder("sluice-rdma").hosts(2).nvme(1, 1).namespace_mib(64).memory_mib(2048).rdma(true).boot())
-    else {
-        return;
-    };
+    for attempt in 1..=2 {
+        let Some(mut rig) = require(
+            Rig::builder("sluice-rdma").hosts(2).nvme(1, 1).namespace_mib(64).memory_mib(2048).rdma(true).boot(),
+        ) else {
+            return;
+        };
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reads_over_rdma(&rig)));
+        let Err(panic) = outcome else { return };
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if attempt == 2 || !message.contains(WIRE_DEAD) {
+            std::panic::resume_unwind(panic);
+        }
+        rig.keep_logs();
+        eprintln!("rig: the wire between the guests died; running the whole test again on new guests");
+    }
+}
+
+fn reads_over_rdma(rig: &Rig) {
     let sluicectl = rig.sluice_binary("sluicectl").expect("sluicectl");
     let devices = rig.namespace_devices(&rig.nvme_controllers()[0]).expect("namespaces");
     let [(1, dev1)] = &devices[..] else { panic!("expected namespace 1, found {devices:?}") };
@@ -199,7 +227,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
     let got = std::fs::read(shared_here.join("one.bin")).expect("read output");
     assert!(got == data[offset..offset + len], "the RDMA read differs from the dataset");
 
-    python_reads_over_rdma(&rig, &endpoint, &tls.ca, &token, &data);
+    python_reads_over_rdma(rig, &endpoint, &tls.ca, &token, &data);
 
     // Batches of 2048 random unaligned small ranges, and of 1 MiB + 1
     // ranges, every read checked against the source.
@@ -211,7 +239,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         let run = rig
             .exec_with(Host::Training, &with_stall_retry(&command, label, &storage), Duration::from_secs(240))
             .unwrap_or_else(|e| panic!("bench {label}: {e}"));
-        assert!(run.success(), "{}", failure(&rig, &run));
+        assert!(run.success(), "{}", failure(rig, &run));
         run.stdout
     };
     let report = check_report(&bench(3001, 2048, "small"), "2048-range batches");
@@ -241,7 +269,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
         )
         .expect("eight clients");
     let reports: Vec<&str> = eight.stdout.lines().filter(|l| l.starts_with('{')).collect();
-    assert_eq!(reports.len(), 8, "eight reports: {}\n{}", eight.stdout, failure(&rig, &eight));
+    assert_eq!(reports.len(), 8, "eight reports: {}\n{}", eight.stdout, failure(rig, &eight));
     for (i, report) in reports.iter().enumerate() {
         check_report(report, &format!("client {i} of 8"));
     }
@@ -325,7 +353,7 @@ fn reads_over_rdma_byte_exact_with_eight_clients_and_a_killed_one() {
             Duration::from_secs(240),
         )
         .expect("bench after the kill");
-    assert!(after.success(), "{}", failure(&rig, &after));
+    assert!(after.success(), "{}", failure(rig, &after));
     check_report(&after.stdout, "the client after the killed one");
 
     // A connect request sets how often the node's sends retry a

@@ -1,6 +1,7 @@
 //! Booting the rig: QEMU guests (their command lines, readiness, the
 //! controllers they came up with) or this machine's own devices.
 
+use super::qmp::{qmp_socket, QMP_PATH_MAX, WIRE_NIC_ID};
 use super::*;
 
 impl Rig {
@@ -51,6 +52,7 @@ impl Rig {
             run_dir,
             controllers: Vec::new(),
             next_request: AtomicU64::new(0),
+            keep_logs: false,
         };
         rig.wait_ready(&share)?;
         rig.controllers = rig.find_controllers()?;
@@ -133,7 +135,14 @@ impl Rig {
         if spec.rdma && hw.rdma.is_none() {
             return Err(RigError::Missing(Missing("the test needs RDMA; SLUICE_HW_RDMA names no device".into())));
         }
-        Ok(Self { spec, backend: Backend::Local(hw), run_dir, controllers, next_request: AtomicU64::new(0) })
+        Ok(Self {
+            spec,
+            backend: Backend::Local(hw),
+            run_dir,
+            controllers,
+            next_request: AtomicU64::new(0),
+            keep_logs: false,
+        })
     }
 }
 
@@ -180,7 +189,12 @@ pub(super) fn qemu_args(
                  remote.type=inet,remote.host=127.0.0.1,remote.port={remote}"
             ),
         ]);
-        push(&["-device", &format!("virtio-net-pci,netdev=wire,mac={}", host.wire_mac())]);
+        push(&["-device", &format!("virtio-net-pci,netdev=wire,id={WIRE_NIC_ID},mac={}", host.wire_mac())]);
+        // QEMU's own view of that NIC's queues, for the wire report.
+        let qmp = qmp_socket(run_dir, host);
+        if qmp.as_os_str().len() < QMP_PATH_MAX {
+            push(&["-qmp", &format!("unix:{},server=on,wait=off", qmp.display())]);
+        }
     }
     if storage_with_nvme {
         let images = run_dir.join("images");

@@ -12,6 +12,7 @@ use crate::prereq::{find_program, Missing};
 use crate::{initramfs, kernel};
 
 mod boot;
+mod qmp;
 mod sluice;
 pub use sluice::GUEST_PYTHON;
 
@@ -231,6 +232,9 @@ pub struct Rig {
     run_dir: PathBuf,
     controllers: Vec<NvmeController>,
     next_request: AtomicU64,
+    /// Keep the run directory when the rig is dropped without a panic
+    /// (a test that caught one and goes on).
+    keep_logs: bool,
 }
 
 impl Rig {
@@ -305,6 +309,12 @@ impl Rig {
         }
     }
 
+    /// Keeps the run directory when the rig is dropped, as a panic does:
+    /// for a test that caught a failure and tries again on a new rig.
+    pub fn keep_logs(&mut self) {
+        self.keep_logs = true;
+    }
+
     /// Where this rig keeps its logs and scratch files.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
@@ -371,7 +381,8 @@ impl Rig {
     /// message when it stopped carrying packets: each guest's interface
     /// counters, neighbours and last kernel lines, and the host's view of
     /// the QEMU sockets that carry the wire (their queues and drops say
-    /// which QEMU stopped reading). Taken twice, 5 s apart,
+    /// which QEMU stopped reading), and QEMU's state of each wire NIC's
+    /// queues (whether frames stop in the guest or in QEMU). Taken twice, 5 s apart,
     /// with a ping in between, so the counters show which side still moves.
     pub fn wire_report(&self) -> String {
         let Backend::Guests { wire_ports, .. } = &self.backend else {
@@ -386,6 +397,7 @@ impl Rig {
             for host in [Host::Storage, Host::Training] {
                 let script = format!(
                     "busybox ping -c 2 -W 1 {} 2>&1 | tail -n 2; cat /proc/net/dev; ip -s neigh; \
+                     tc -s qdisc show dev eth0 | head -n 8; grep -e input -e output /proc/interrupts; \
                      dmesg | grep -i -A2 -e watchdog -e 'timed out' -e 'cut here' | head -n 12; dmesg | tail -n 4",
                     other(host).wire_addr()
                 );
@@ -394,6 +406,11 @@ impl Rig {
                     Err(e) => format!("(could not ask: {e})"),
                 };
                 report += &format!("--- {} (round {round}):\n{text}\n", host.name());
+                report += &format!(
+                    "--- QEMU's view of {}'s wire NIC (round {round}):\n{}",
+                    host.name(),
+                    qmp::wire_nic_queues(&self.run_dir, host)
+                );
             }
             let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
             let sockets: Vec<&str> = table
@@ -426,7 +443,7 @@ impl Drop for Rig {
         if let Backend::Guests { guests, .. } = &mut self.backend {
             guests.clear();
         }
-        if std::thread::panicking() {
+        if std::thread::panicking() || self.keep_logs {
             eprintln!("rig {}: logs kept in {}", self.spec.test, self.run_dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.run_dir);
