@@ -111,6 +111,11 @@ pub(super) struct Connection<R> {
 /// teardown.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a closing connection waits for the client to acknowledge why
+/// it closes: the queue pair's own retries of a lost packet, and a margin
+/// for a busy client.
+const FAREWELL_WAIT: Duration = LOST_PACKET_GIVE_UP.saturating_add(Duration::from_secs(1));
+
 /// A teardown slower than this is worth a warning: it held the
 /// connection's id (and, before [`Connection::release_slots`], its slots).
 const CLOSE_SLOW: Duration = Duration::from_secs(2);
@@ -262,13 +267,34 @@ impl<R: DatasetResolver> Connection<R> {
         self.waiting.clear();
     }
 
-    /// Sends the reason a connection closes, and waits briefly for it to go.
+    /// Sends the reason a connection closes, and waits until the client
+    /// has it: for a free send slot when every one is in flight, then for
+    /// the SEND's completion (RC: the client acknowledged it). A lossy link
+    /// may need the queue pair's every retry of a lost packet, so the wait
+    /// lasts longer than those ([`FAREWELL_WAIT`]); a vanished client ends
+    /// it sooner with a failed completion. A farewell cut short by a
+    /// teardown left the client with only the disconnect, or, when that
+    /// was lost too, its own response timeout 30 s later.
     async fn farewell(&mut self, fatal: &Fatal) {
         self.waiting.push_front(Outgoing::Control(control_frame(&fatal.farewell())));
-        if self.flush().is_err() {
-            return;
+        let unsent = self.waiting.len();
+        let deadline = Instant::now() + FAREWELL_WAIT;
+        loop {
+            if self.flush().is_err() {
+                return;
+            }
+            // The farewell is first in line: it went if the line shrank.
+            let posted = self.waiting.len() < unsent;
+            if !posted && self.in_flight.iter().all(Option::is_none) {
+                // No completion to come would free room for it.
+                tracing::debug!(client = self.client_id, "no room to send why the connection closes");
+                return;
+            }
+            self.await_sends(deadline.saturating_duration_since(Instant::now()), true).await;
+            if posted || Instant::now() >= deadline {
+                return;
+            }
         }
-        self.await_sends(Duration::from_secs(1), true).await;
     }
 
     /// Polls the completion queue, outside the serve loop, until every

@@ -31,7 +31,7 @@ use sluice_transport::frame::control_frame;
 use sluice_transport::rc::{
     parse_message, readiness, CONTROL_MESSAGES_MAX, RDMA_CREDITS_MAX, REQUEST_SLOT_BYTES, RESPONSE_SLOT_BYTES,
 };
-use sluice_transport::rc::{ACK_TIMEOUT_EXPONENT, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
+use sluice_transport::rc::{ACK_TIMEOUT_EXPONENT, LOST_PACKET_GIVE_UP, WR_RECV, WR_SEND, WR_TAG_MASK, WR_WRITE};
 use sluice_transport::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, DeviceLimits, EventChannel, MemoryRegion, MessageSlots,
     ProtectionDomain, QueueCaps, QueuePair, SendOp, SendWr, Sge, VerbsError, WorkCompletion, RNR_RETRY_ENDLESS,

@@ -31,6 +31,10 @@ pub const RESPONSE_SLOT_BYTES: usize = slot_bytes(FrameHeader::SIZE + CONTROL_PA
 /// lost packet is sent again, seven times; a vanished peer is noticed in
 /// about two seconds, and a lost packet never stalls a connection.
 pub const ACK_TIMEOUT_EXPONENT: u8 = 16;
+/// How long a queue pair keeps sending a lost packet again before it
+/// fails the work request: one ACK timeout and then one a retry.
+pub const LOST_PACKET_GIVE_UP: std::time::Duration =
+    std::time::Duration::from_nanos(4096 * (1 << ACK_TIMEOUT_EXPONENT) * (crate::verbs::TRANSPORT_RETRIES as u64 + 1));
 /// How long rdma_cm may take to resolve an address or route.
 pub const RESOLVE_TIMEOUT_MS: i32 = 5000;
 /// Work-request ids: the low 32 bits are a slot, the tag says which kind.

@@ -199,8 +199,13 @@ impl RawAddr {
     }
 }
 
-/// Connection parameters: no RDMA READ either way, seven retries on
-/// transport errors so a vanished peer is noticed, and `peer_rnr_retry`
+/// Times a queue pair sends a packet again that the peer did not
+/// acknowledge before it fails the work request (the most the verbs
+/// allow), one ACK timeout apart.
+pub const TRANSPORT_RETRIES: u8 = 7;
+
+/// Connection parameters: no RDMA READ either way, [`TRANSPORT_RETRIES`]
+/// retries on transport errors so a vanished peer is noticed, and `peer_rnr_retry`
 /// receiver-not-ready retries for the *peer's* sends: the CM carries each
 /// side's value to the other side's queue pair (rdma_cm(7): "a send
 /// operation from the remote peer").
@@ -211,7 +216,7 @@ fn conn_params(peer_rnr_retry: u8) -> rdma_conn_param {
         responder_resources: 0,
         initiator_depth: 0,
         flow_control: 1,
-        retry_count: 7,
+        retry_count: TRANSPORT_RETRIES,
         rnr_retry_count: peer_rnr_retry,
         srq: 0,
         qp_num: 0,

@@ -16,7 +16,10 @@ mod queue;
 use std::ffi::CStr;
 use std::io;
 
-pub use cm::{CmEvent, CmEventKind, CmId, DeviceLimits, EventChannel, RNR_RETRY_ENDLESS, RNR_RETRY_OF_NODE_SENDS};
+pub use cm::{
+    CmEvent, CmEventKind, CmId, DeviceLimits, EventChannel, RNR_RETRY_ENDLESS, RNR_RETRY_OF_NODE_SENDS,
+    TRANSPORT_RETRIES,
+};
 pub use memory::{Access, MemoryRegion, MessageSlots, ProtectionDomain};
 pub use queue::{CompletionQueue, QueueCaps, QueuePair, SendOp, SendWr, Sge, WorkCompletion};
 
