@@ -153,7 +153,9 @@ pub struct NodeConfig {
     /// `insecure`) the node makes `DATA_DIR/admin.token` at first start.
     pub admin_tokens: Option<PathBuf>,
     /// Serve `GET /metrics`, unauthenticated, on this address of its own
-    /// (for a scraper on a monitoring network).
+    /// (for a scraper on a monitoring network). With port 0 the kernel
+    /// chooses; sluiced prints the bound address
+    /// (`sluiced: metrics on http://ADDR/metrics`).
     pub metrics_listen: Option<SocketAddr>,
     /// Bearer tokens (a file like `admin_tokens`) that may read
     /// `GET /metrics` on the control API and nothing else.

@@ -273,17 +273,19 @@ fn metrics_open_to_a_scraper_token_or_address_only() {
     let tokens = dir.path().join("scrapers");
     std::fs::write(&tokens, "prometheus-scraper-token\n").expect("write");
     std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let port = common::free_port();
     let config = dir.path().join("node.toml");
-    std::fs::write(&config, format!("metrics_tokens = {tokens:?}\nmetrics_listen = \"127.0.0.1:{port}\"\n"))
+    // Port 0: the node binds, then announces where (no port chosen here
+    // that another test could take first).
+    std::fs::write(&config, format!("metrics_tokens = {tokens:?}\nmetrics_listen = \"127.0.0.1:0\"\n"))
         .expect("config");
     let node = NodeProcess::start_secure_with(&dir.path().join("node"), &["--config", config.to_str().expect("utf-8")]);
+    let metrics = node.metrics_addr.clone().expect("the node announces its metrics listener");
     assert_eq!(call(&node, Some("prometheus-scraper-token"), "GET", "/metrics", b"").0, 200);
     assert_eq!(call(&node, Some("prometheus-scraper-token"), "GET", "/v1/datasets", b""), (403, "forbidden".into()));
     assert_eq!(call(&node, None, "GET", "/metrics", b"").0, 401);
-    let open = ureq::get(&format!("http://127.0.0.1:{port}/metrics")).call().expect("metrics listener");
+    let open = ureq::get(&format!("http://{metrics}/metrics")).call().expect("metrics listener");
     assert!(open.into_string().expect("text").contains("sluice_datasets"));
-    let other = ureq::get(&format!("http://127.0.0.1:{port}/v1/datasets")).call();
+    let other = ureq::get(&format!("http://{metrics}/v1/datasets")).call();
     assert!(matches!(other, Err(ureq::Error::Status(404, _))), "the metrics listener serves metrics only");
 }
 

@@ -292,6 +292,9 @@ async fn run(config: NodeConfig) -> ExitCode {
     if let Some(addr) = node.rdma_addr {
         let _ = writeln!(out, "sluiced: data plane (rdma) on {addr}");
     }
+    if let Some(addr) = node.metrics_addr {
+        let _ = writeln!(out, "sluiced: metrics on http://{addr}/metrics");
+    }
     let _ = writeln!(out, "sluiced: {} ; data in {}", node.describe(), data_dir.display());
     let _ = out.flush();
     drop(out);

@@ -46,6 +46,9 @@ pub struct Node {
     pub data_addr: SocketAddr,
     /// Where the RDMA transport listens, when it does.
     pub rdma_addr: Option<SocketAddr>,
+    /// Where `GET /metrics` is served without a token (`metrics_listen`),
+    /// as bound: a configured port 0 is the kernel's choice.
+    pub metrics_addr: Option<SocketAddr>,
     pub control: Arc<ControlPlane>,
     plane: Arc<DataPlane>,
     shutdown: watch::Sender<bool>,
@@ -341,10 +344,11 @@ impl Node {
         for (listener, core) in listeners_for_cores(data_listeners, bulk_cores).map_err(bind_error)? {
             tasks.push(data_server.serve_on_core(listener, core, shutdown_rx.clone()));
         }
+        let metrics_addr = metrics_listener.as_ref().and_then(|listener| listener.local_addr().ok());
         if let Some(listener) = metrics_listener {
             tracing::info!(
                 "GET /metrics open to anyone on {} (metrics_listen)",
-                listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+                metrics_addr.map(|a| a.to_string()).unwrap_or_default()
             );
             let router = api::metrics_router(Arc::clone(&control));
             tasks.push(serve_control(control_runtime.handle(), listener, None, router, shutdown_rx.clone()));
@@ -390,6 +394,7 @@ impl Node {
             control_tls: tls.is_some(),
             data_addr,
             rdma_addr,
+            metrics_addr,
             control,
             plane,
             shutdown,

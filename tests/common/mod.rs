@@ -21,6 +21,9 @@ pub struct NodeProcess {
     pub child: Child,
     pub endpoint: String,
     pub data_addr: String,
+    /// The token-free metrics listener's address, when `metrics_listen`
+    /// asked for one (as bound, so a config may give port 0).
+    pub metrics_addr: Option<String>,
     pub data_dir: PathBuf,
     /// The operator token a secure node made for itself, if it did.
     pub admin_token: Option<String>,
@@ -96,14 +99,22 @@ impl NodeProcess {
             .expect("spawn sluiced");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let (mut endpoint, mut data_addr) = (None, None);
-        while endpoint.is_none() || data_addr.is_none() {
+        let (mut endpoint, mut data_addr, mut metrics_addr) = (None, None, None);
+        // The node announces its addresses, then what it runs and where its
+        // data lives ("… ; data in DIR"), last.
+        loop {
             let line = lines.next().expect("sluiced exited before announcing its addresses").expect("read");
             if let Some(url) = line.strip_prefix("sluiced: control API on ") {
                 endpoint = Some(url.trim().to_string());
             }
             if let Some(addr) = line.strip_prefix("sluiced: data plane (tcp) on ") {
                 data_addr = Some(addr.trim().to_string());
+            }
+            if let Some(url) = line.strip_prefix("sluiced: metrics on http://") {
+                metrics_addr = url.trim().strip_suffix("/metrics").map(str::to_string);
+            }
+            if line.starts_with("sluiced: ") && line.contains(" ; data in ") {
+                break;
             }
         }
         // Keep draining stdout so the node never blocks on a full pipe.
@@ -113,6 +124,7 @@ impl NodeProcess {
             child,
             endpoint: endpoint.expect("endpoint"),
             data_addr: data_addr.expect("data address"),
+            metrics_addr,
             data_dir: data_dir.to_path_buf(),
             admin_token,
         }
