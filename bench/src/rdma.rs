@@ -147,7 +147,7 @@ pub fn run(seconds: u64, out_dir: &Path) -> Result<String, String> {
     }
     let device = rig.rdma_device().unwrap_or_default();
     let rig_text = if rig.is_emulated() {
-        format!("two QEMU TCG guests, soft-RoCE {device} over a socket netdev")
+        format!("two QEMU TCG guests, soft-RoCE {device} over a datagram (UDP) netdev")
     } else {
         format!("real hardware, {device}")
     };
