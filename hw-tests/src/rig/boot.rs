@@ -189,7 +189,12 @@ pub(super) fn qemu_args(
                  remote.type=inet,remote.host=127.0.0.1,remote.port={remote}"
             ),
         ]);
-        push(&["-device", &format!("virtio-net-pci,netdev=wire,id={WIRE_NIC_ID},mac={}", host.wire_mac())]);
+        // tx=timer: QEMU 7.2's default transmit bottom half now and then
+        // stopped taking the storage guest's frames for good (QMP: the
+        // guest's avail index ahead, nothing in use, the socket empty);
+        // with the timer, a kick while a flush is pending flushes at once.
+        // 0 deaths in 20 runs of the RDMA test, against about 1 in 10.
+        push(&["-device", &format!("virtio-net-pci,netdev=wire,id={WIRE_NIC_ID},tx=timer,mac={}", host.wire_mac())]);
         // QEMU's own view of that NIC's queues, for the wire report.
         let qmp = qmp_socket(run_dir, host);
         if qmp.as_os_str().len() < QMP_PATH_MAX {
