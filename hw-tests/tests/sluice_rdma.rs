@@ -216,9 +216,11 @@ fn reads_over_rdma(rig: &Rig) {
         )
         .expect("run read");
     assert!(!denied.success() && denied.stderr.contains("needs a grant"), "{}", denied.stderr);
-    let grant: serde_json::Value =
+    let new_grant = || -> serde_json::Value {
         serde_json::from_str(&ctl(Host::Storage, "--json grant create tokens --client trainer").expect("grant"))
-            .expect("grant json");
+            .expect("grant json")
+    };
+    let grant = new_grant();
     let token = grant["token"].as_str().expect("token").to_string();
     let read = format!("{sluicectl} --endpoint {endpoint} {trust} --token {token} --transport rdma");
 
@@ -384,12 +386,7 @@ fn reads_over_rdma(rig: &Rig) {
     // timeout and says so) shows neither: as with the stall retries above,
     // once more on a new connection, under a new grant.
     for attempt in 1..=2 {
-        let grant = if attempt == 1 {
-            grant.clone()
-        } else {
-            serde_json::from_str(&ctl(Host::Storage, "--json grant create tokens --client trainer").expect("grant"))
-                .expect("grant json")
-        };
+        let grant = if attempt == 1 { grant.clone() } else { new_grant() };
         let read = format!(
             "{sluicectl} --endpoint {endpoint} {trust} --token {} --transport rdma",
             grant["token"].as_str().expect("token")

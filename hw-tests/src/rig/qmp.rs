@@ -20,7 +20,7 @@ pub(super) const WIRE_NIC_ID: &str = "wire-nic";
 
 /// Longer socket paths do not fit `sockaddr_un`; the rig then runs
 /// without QMP and the report says so.
-pub(super) const QMP_PATH_MAX: usize = 100;
+const QMP_PATH_MAX: usize = 100;
 
 /// How long one QMP answer may take: QEMU's main loop answers between
 /// its other work, and a TCG guest keeps it busy.
@@ -30,17 +30,23 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 const RX_QUEUE: u16 = 0;
 const TX_QUEUE: u16 = 1;
 
-pub(super) fn qmp_socket(run_dir: &Path, host: Host) -> PathBuf {
-    run_dir.join(format!("{}.qmp", host.name()))
+/// Where `host`'s QEMU serves QMP, or why it cannot.
+pub(super) fn qmp_socket(run_dir: &Path, host: Host) -> Result<PathBuf, String> {
+    let socket = run_dir.join(format!("{}.qmp", host.name()));
+    if socket.as_os_str().len() < QMP_PATH_MAX {
+        Ok(socket)
+    } else {
+        Err(format!("no QMP: the socket path {} is too long", socket.display()))
+    }
 }
 
 /// QEMU's state of `host`'s wire NIC: both queues' indices and the
 /// transmit ring as the guest last wrote it, as QMP's JSON answers.
 pub(super) fn wire_nic_queues(run_dir: &Path, host: Host) -> String {
-    let socket = qmp_socket(run_dir, host);
-    if socket.as_os_str().len() >= QMP_PATH_MAX {
-        return format!("(no QMP: the socket path {} is too long)", socket.display());
-    }
+    let socket = match qmp_socket(run_dir, host) {
+        Ok(socket) => socket,
+        Err(why) => return format!("({why})"),
+    };
     let backend = format!("/machine/peripheral/{WIRE_NIC_ID}/virtio-backend");
     let queries = [
         format!(r#"{{"execute":"x-query-virtio-queue-status","arguments":{{"path":"{backend}","queue":{TX_QUEUE}}}}}"#),
