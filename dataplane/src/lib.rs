@@ -18,6 +18,7 @@ pub mod nvme_spec;
 pub mod plan;
 pub mod probe;
 pub mod steer;
+pub mod timer;
 
 pub use blocks::VERIFY_BLOCK_BYTES;
 pub use dataset::{BlockCrcs, ByteRange, DatasetView};

@@ -1,5 +1,8 @@
 //! Deadlines that cost nothing when the work is ready at once.
 //!
+//! The timers are the core's own ([`sluice_dataplane::timer`]) on a
+//! data-plane core, tokio's elsewhere.
+//!
 //! Nearly every response write goes into a socket buffer with room, and
 //! under load nearly every request frame is already buffered: arming a
 //! timer for those (an entry in the runtime's timer wheel, inserted and
@@ -17,10 +20,9 @@
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::time::error::Elapsed;
-use tokio::time::{Instant, Sleep};
+use sluice_dataplane::timer::{self, Elapsed, Sleep};
 
 /// Runs `work`; if it does not finish at once, gives it until `limit`
 /// from now (the clock is read, and a timer armed, only then).
@@ -28,7 +30,7 @@ pub async fn within<F: Future>(limit: Duration, work: F) -> Result<F::Output, El
     let mut work = pin!(work);
     match poll_once(work.as_mut()).await {
         Poll::Ready(done) => Ok(done),
-        Poll::Pending => tokio::time::timeout_at(Instant::now() + limit, work).await,
+        Poll::Pending => timer::timeout_at(Instant::now() + limit, work).await,
     }
 }
 
@@ -43,7 +45,7 @@ async fn poll_once<F: Future>(mut work: Pin<&mut F>) -> Poll<F::Output> {
 pub struct Lazy {
     /// Never later than the deadline of the wait under way; earlier after
     /// a deadline moved on, when it fires early and is moved once.
-    timer: Option<Pin<Box<Sleep>>>,
+    timer: Option<Sleep>,
 }
 
 impl Lazy {
@@ -57,22 +59,22 @@ impl Lazy {
         let timer = match &mut self.timer {
             Some(timer) => {
                 if timer.deadline() > at {
-                    timer.as_mut().reset(at);
+                    timer.reset(at);
                 }
                 timer
             }
-            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
+            None => self.timer.insert(timer::sleep_until(at)),
         };
         loop {
             tokio::select! {
                 biased;
                 done = &mut work => return Some(done),
-                () = timer.as_mut() => {
+                () = &mut *timer => {
                     if Instant::now() >= at {
                         return None;
                     }
                     // Armed for an earlier wait's deadline: move it on.
-                    timer.as_mut().reset(at);
+                    timer.reset(at);
                 }
             }
         }
@@ -90,7 +92,7 @@ mod tests {
         assert_eq!(within(Duration::from_millis(50), async { 7 }).await.ok(), Some(7));
         let never = std::future::pending::<()>();
         assert!(within(Duration::from_millis(50), never).await.is_err());
-        let later = tokio::time::sleep(Duration::from_millis(10));
+        let later = timer::sleep(Duration::from_millis(10));
         assert!(within(Duration::from_secs(60), later).await.is_ok());
     }
 
@@ -105,13 +107,13 @@ mod tests {
         assert!(Instant::now() >= soon);
         // Later than the timer: it fires early and is moved on, not obeyed.
         let later = Instant::now() + Duration::from_millis(80);
-        let work = tokio::time::sleep(Duration::from_millis(40));
+        let work = timer::sleep(Duration::from_millis(40));
         assert!(lazy.until(later, work).await.is_some(), "work due before its deadline finishes");
         assert_eq!(lazy.until(later, std::future::pending::<()>()).await, None);
         assert!(Instant::now() >= later);
         // Sooner than the timer: it is moved in.
         let far = Instant::now() + Duration::from_secs(60);
-        assert!(lazy.until(far, tokio::time::sleep(Duration::from_millis(5))).await.is_some());
+        assert!(lazy.until(far, timer::sleep(Duration::from_millis(5))).await.is_some());
         let sooner = Instant::now() + Duration::from_millis(20);
         assert_eq!(lazy.until(sooner, std::future::pending::<()>()).await, None);
         assert!(Instant::now() >= sooner && Instant::now() < far);

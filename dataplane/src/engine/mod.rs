@@ -383,10 +383,13 @@ impl DataPlane {
                             let queue = driver
                                 .create_queue(&arena, core_config.queue_depth)
                                 .map_err(|source| StartError::Driver { core, source })?;
+                            // Its reactor, not tokio's timers: the core keeps
+                            // its own (see `crate::timer`).
                             let runtime = tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
+                                .enable_io()
                                 .build()
                                 .map_err(StartError::Thread)?;
+                            crate::timer::install(&runtime).map_err(StartError::Thread)?;
                             Ok((arena, queue, runtime))
                         });
                     match setup {
@@ -416,6 +419,7 @@ impl DataPlane {
                             // Connections still placed here end with their
                             // tasks; nothing waits on a blocking pool.
                             runtime.shutdown_background();
+                            crate::timer::uninstall();
                         }
                         Err(err) => {
                             let _ = ready_tx.send(Err(err));

@@ -264,7 +264,7 @@ fn batches_of_more_units_than_the_queue_holds_complete() {
                 (0..100u64).map(|i| ByteRange { offset_bytes: i * 65_536 + 7, len_bytes: 3001 }).collect();
             for _ in 0..3 {
                 let read = plane.read(slot, ranges.clone());
-                let result = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                let result = crate::timer::timeout(std::time::Duration::from_secs(20), read)
                     .await
                     .expect("the batch completes")
                     .expect("batch");
@@ -291,7 +291,7 @@ fn slots_recycle_under_pressure() {
         let held = plane.read(slot, big.clone()).await.expect("first");
         let plane2 = Arc::clone(&plane);
         let second = tokio::spawn(async move { plane2.read(slot, big).await });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        crate::timer::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!second.is_finished(), "second batch must wait for slots");
         drop(held);
         let second = second.await.expect("join").expect("second");
@@ -323,7 +323,7 @@ fn latency_lane_reads_pass_a_bulk_batch_in_the_queue() {
         let bulk = tokio::spawn(async move {
             bulk_plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4 << 20 }]).await
         });
-        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        crate::timer::sleep(std::time::Duration::from_millis(30)).await;
         let small = plane.read(slot, vec![ByteRange { offset_bytes: small_offset, len_bytes: 4096 }]).await;
         assert_eq!(small.expect("small read").statuses(), &[RangeStatus::Ok]);
         let bulk = bulk.await.expect("join").expect("bulk");
@@ -363,7 +363,7 @@ fn a_completion_nobody_announces_is_still_found() {
         let slot = plane.attach(Arc::new(view)).await.expect("attach");
         for _ in 0..3 {
             let read = plane.read(slot, vec![ByteRange { offset_bytes: 4096, len_bytes: 8192 }]);
-            let result = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+            let result = crate::timer::timeout(std::time::Duration::from_secs(10), read)
                 .await
                 .expect("the batch completes although no wake-up announced its read")
                 .expect("batch");
@@ -401,7 +401,7 @@ fn bulk_reads_at_the_device_stay_within_their_bytes_bound() {
                 bulk_plane.read(slot, vec![ByteRange { offset_bytes: 0, len_bytes: 4 << 20 }]).await
             });
             while driver.pushed_offsets().is_empty() {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                crate::timer::sleep(std::time::Duration::from_millis(1)).await;
             }
             let small = plane.read(slot, vec![ByteRange { offset_bytes: small_offset, len_bytes: 4096 }]).await;
             assert_eq!(small.expect("small read").statuses(), &[RangeStatus::Ok]);
@@ -459,7 +459,7 @@ fn a_core_serves_other_reads_while_a_delayed_one_waits() {
                 tokio::select! {
                     biased;
                     _ = &mut delayed => panic!("the delayed read finished before it was pushed"),
-                    () = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                    () = crate::timer::sleep(std::time::Duration::from_millis(1)) => {}
                 }
             }
             let prompt = plane.read(slot, vec![ByteRange { offset_bytes: 1 << 20, len_bytes: 4096 }]);

@@ -317,7 +317,7 @@ impl<R: DatasetResolver> Connection<R> {
                 }
             }
             if completions.is_empty() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                sluice_dataplane::timer::sleep(Duration::from_millis(5)).await;
             }
         }
     }
@@ -335,8 +335,7 @@ impl<R: DatasetResolver> Connection<R> {
         // posting receives is cut off by the RNR limit; a wedged link is
         // not) must not hold its DMA slots for ever: as on TCP, the write
         // timeout ends the connection.
-        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
-        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watchdog = sluice_dataplane::timer::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 ready = cq.readable() => {

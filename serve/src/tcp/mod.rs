@@ -24,6 +24,7 @@ use ring::SocketRing;
 use rustc_hash::FxHashMap;
 use sink::{FrameSink, StreamSink};
 use sluice_dataplane::steer::peer_key;
+use sluice_dataplane::timer;
 use sluice_dataplane::{spare_ranges, BatchCompletion, ByteRange, CoreGroup, DataPlane, Placement, ReadBatch, Reply};
 use socket::Socket;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -88,7 +89,7 @@ impl Drop for SourceGuard {
 fn refuse(mut stream: TcpStream, message: String) {
     let frame = control_frame(&ControlMessage::Error { code: ErrorCode::Busy, message });
     tokio::spawn(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&frame)).await;
+        let _ = timer::timeout(Duration::from_secs(1), stream.write_all(&frame)).await;
     });
 }
 
@@ -206,7 +207,7 @@ impl<R: DatasetResolver> TcpServer<R> {
                     }
                     Err(err) => {
                         tracing::warn!("accept: {err}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        timer::sleep(Duration::from_millis(10)).await;
                     }
                 },
                 _ = shutdown.changed() => return,
@@ -264,7 +265,7 @@ impl<R: DatasetResolver> Connection<R> {
         };
         let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
         let within = self.config.handshake_timeout.min(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
-        match tokio::time::timeout(within, handshake).await {
+        match timer::timeout(within, handshake).await {
             Ok(Ok(stream)) => {
                 let peer_name = sluice_transport::tls::peer_name(stream.get_ref().1.peer_certificates());
                 let (reader, writer) = tokio::io::split(stream);
@@ -378,7 +379,7 @@ impl<R: DatasetResolver> Connection<R> {
             let frame = async {
                 match deadline {
                     // The deadline bounds the whole frame, a slow trickle included.
-                    Some((at, why)) => frame_deadline.until(at.into(), frame).await.ok_or(Fatal::Deadline(why))?,
+                    Some((at, why)) => frame_deadline.until(at, frame).await.ok_or(Fatal::Deadline(why))?,
                     None => frame.await,
                 }
             };
@@ -611,7 +612,7 @@ impl FailedBatch {
         head: &mut Vec<u8>,
         statuses: &mut Vec<u8>,
         timeout: Duration,
-    ) -> Result<std::io::Result<()>, tokio::time::error::Elapsed> {
+    ) -> Result<std::io::Result<()>, timer::Elapsed> {
         statuses.clear();
         statuses.resize(self.range_count as usize, sluice_proto::RangeStatus::IoError as u8);
         wire::encode_batch_response_head(head, self.batch_id, self.status, statuses, 0);
@@ -620,11 +621,7 @@ impl FailedBatch {
 }
 
 /// Whether a write went through; logs why not.
-fn wrote(
-    written: Result<std::io::Result<()>, tokio::time::error::Elapsed>,
-    timeout: Duration,
-    peer: SocketAddr,
-) -> bool {
+fn wrote(written: Result<std::io::Result<()>, timer::Elapsed>, timeout: Duration, peer: SocketAddr) -> bool {
     match written {
         Ok(Ok(())) => true,
         Ok(Err(err)) => {

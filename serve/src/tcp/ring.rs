@@ -442,7 +442,7 @@ async fn reap_until_unused(reaper: Reaper) {
                 Ok(mut guard) => guard.clear_ready(),
                 Err(err) => {
                     tracing::error!("watching the socket ring: {err}");
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    sluice_dataplane::timer::sleep(std::time::Duration::from_millis(1)).await;
                 }
             },
             () = shared.submit_due.notified() => {

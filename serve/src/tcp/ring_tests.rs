@@ -61,7 +61,7 @@ async fn settled(ring: &SocketRing) -> bool {
         if ring.in_flight() == 0 {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        sluice_dataplane::timer::sleep(Duration::from_millis(2)).await;
     }
     false
 }
@@ -108,7 +108,7 @@ fn a_reader_dropped_while_it_waits_cancels_its_receive() {
         let mut reader = Reader::new(ring.clone(), socket, 4096);
         let mut byte = [0u8; 1];
         // The client sends nothing: the receive waits in the kernel.
-        let waited = tokio::time::timeout(Duration::from_millis(50), reader.read(&mut byte)).await;
+        let waited = sluice_dataplane::timer::timeout(Duration::from_millis(50), reader.read(&mut byte)).await;
         assert!(waited.is_err(), "nothing to read yet");
         assert_eq!(ring.in_flight(), 1, "the receive is in flight, its buffer lent to the kernel");
         drop(reader);

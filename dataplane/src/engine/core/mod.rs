@@ -256,7 +256,7 @@ impl CoreEngine {
         };
         let due = async {
             match due {
-                Some(due) => tokio::time::sleep_until(due.into()).await,
+                Some(due) => crate::timer::sleep_until(due).await,
                 None => std::future::pending().await,
             }
         };

@@ -57,8 +57,7 @@ impl WaitWatch {
 /// Nudges the core through its inbox whenever a tick finds it in the same
 /// wait as the tick before; ends when the core's inbox closes.
 pub(super) async fn watch(waits: Arc<WaitWatch>, inbox: mpsc::WeakSender<CoreMsg>) {
-    let mut ticks = tokio::time::interval(COMPLETIONS_RECHECK);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = crate::timer::interval(COMPLETIONS_RECHECK);
     let mut seen = 0;
     loop {
         ticks.tick().await;
