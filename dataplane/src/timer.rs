@@ -46,6 +46,11 @@ impl AsRawFd for CoreTimerFd {
     }
 }
 
+/// The furthest ahead the fd is armed: a later deadline has it fire at
+/// this bound, find nothing due and arm again, so no deadline the clock can
+/// hold is out of the fd's range.
+const ARMED_AHEAD_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
 thread_local! {
     /// The timers of the core whose thread this is; `None` off a core.
     static CORE_TIMERS: RefCell<Option<CoreTimers>> = const { RefCell::new(None) };
@@ -224,7 +229,8 @@ impl CoreTimers {
         let set = match deadline {
             // A zero expiration disarms; a deadline passed fires at once.
             Some(deadline) => {
-                let after = deadline.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1));
+                let after =
+                    deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_nanos(1), ARMED_AHEAD_MAX);
                 self.fd.get_ref().0.set(Expiration::OneShot(TimeSpec::from_duration(after)), TimerSetTimeFlags::empty())
             }
             None => self.fd.get_ref().0.unset(),
