@@ -100,11 +100,14 @@ async fn drive(fd: Arc<AsyncFd<CoreTimerFd>>) {
         match fd.readable().await {
             Ok(mut ready) => {
                 // Read the expiration count to clear the fd, then clear the
-                // readiness: an expiry after the read raises it again.
+                // readiness: an expiry after the read raises it again. A
+                // failed read (none is expected of a timerfd) still clears
+                // it, so the task never spins on it; the due timers fire.
                 match nix::unistd::read(fd.get_ref().as_raw_fd(), &mut expirations) {
-                    Ok(_) | Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+                    Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
                     Err(err) => tracing::error!("reading the core's timerfd: {err}"),
                 }
+                ready.clear_ready();
             }
             Err(err) => {
                 tracing::error!("waiting on the core's timerfd: {err}");
