@@ -5,11 +5,11 @@
 //! Why not tokio's: its time driver takes part in every park of the event
 //! loop whether or not a timer is due. It locks its wheel, scans it for the
 //! next expiry, reads the clock twice and processes the wheel again. That
-//! was about 200 user-space instructions per served 4 KiB read (`bench
-//! instructions`), an eighth of the whole path. Here a park is the
+//! was about 230 user-space instructions per served 4 KiB read (`bench
+//! instructions`), a seventh of the whole path. Here a park is the
 //! reactor's alone. The timers' cost falls where a timer is armed, moved or
-//! fires, which on the served path is rare: [`crate`]'s callers arm one
-//! only when work would wait (see `sluice_serve::deadline`).
+//! fires, which on the served path is rare: the served path arms one only
+//! when work would wait (see `sluice_serve::deadline`).
 //!
 //! How: each timer is an entry in the core's table (a thread-local; a core's
 //! tasks all run on its thread). The `timerfd` is armed for the soonest
@@ -137,6 +137,8 @@ struct Entry {
     deadline: Instant,
     /// The task to wake when the deadline comes.
     waker: Option<Waker>,
+    /// Fired, or its place is free: either way [`CoreTimers::fire`] passes
+    /// it by.
     fired: bool,
     /// Bumped when the place is freed, so a stale handle never reaches the
     /// place's next timer.
@@ -166,9 +168,16 @@ impl CoreTimers {
     /// A new entry for `deadline`, waking `waker`; `None` if it is due
     /// already (the clock is read only when the fd must be armed sooner).
     fn register(&mut self, deadline: Instant, waker: &Waker) -> Option<Handle> {
-        if self.armed.is_none_or(|armed| deadline < armed) && deadline <= Instant::now() {
-            return None;
-        }
+        // Read once, for the check and for arming.
+        let now = if self.armed.is_none_or(|armed| deadline < armed) {
+            let now = Instant::now();
+            if deadline <= now {
+                return None;
+            }
+            Some(now)
+        } else {
+            None
+        };
         let entry = Entry { deadline, waker: Some(waker.clone()), fired: false, generation: 0 };
         let handle = match self.free.pop() {
             Some(index) => {
@@ -182,7 +191,9 @@ impl CoreTimers {
                 Handle { index, generation: 0 }
             }
         };
-        self.arm_for(deadline);
+        if let Some(now) = now {
+            self.arm(Some(deadline), now);
+        }
         Some(handle)
     }
 
@@ -224,16 +235,16 @@ impl CoreTimers {
     /// Arms the fd for `deadline` if it is armed for later or not at all.
     fn arm_for(&mut self, deadline: Instant) {
         if self.armed.is_none_or(|armed| deadline < armed) {
-            self.arm(Some(deadline));
+            self.arm(Some(deadline), Instant::now());
         }
     }
 
-    fn arm(&mut self, deadline: Option<Instant>) {
+    /// Arms the fd for `deadline` as of `now`, or disarms it.
+    fn arm(&mut self, deadline: Option<Instant>, now: Instant) {
         let set = match deadline {
             // A zero expiration disarms; a deadline passed fires at once.
             Some(deadline) => {
-                let after =
-                    deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_nanos(1), ARMED_AHEAD_MAX);
+                let after = deadline.saturating_duration_since(now).clamp(Duration::from_nanos(1), ARMED_AHEAD_MAX);
                 self.fd.get_ref().0.set(Expiration::OneShot(TimeSpec::from_duration(after)), TimerSetTimeFlags::empty())
             }
             None => self.fd.get_ref().0.unset(),
@@ -256,7 +267,7 @@ impl CoreTimers {
                 soonest = Some(entry.deadline);
             }
         }
-        self.arm(soonest);
+        self.arm(soonest, now);
     }
 }
 
@@ -379,8 +390,9 @@ pub async fn timeout<F: Future>(limit: Duration, work: F) -> Result<F::Output, E
     timeout_at(Instant::now() + limit, work).await
 }
 
-/// Ticks every `period`; the first tick at once. A tick taken late moves
-/// the next one a whole period past it, never bursts to catch up.
+/// Ticks every `period`; the first tick at once. A tick taken a period or
+/// more late moves the next one a whole period past it: missed ticks are
+/// skipped, never burst to catch up.
 pub struct Interval {
     period: Duration,
     sleep: Sleep,

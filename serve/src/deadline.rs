@@ -5,8 +5,8 @@
 //!
 //! Nearly every response write goes into a socket buffer with room, and
 //! under load nearly every request frame is already buffered: arming a
-//! timer for those (an entry in the runtime's timer wheel, inserted and
-//! removed under its lock) costs more than the work. [`within`] polls the
+//! timer for those (an entry in the core's timer table, taken and freed,
+//! and a clock read) costs more than the work. [`within`] polls the
 //! work once and arms the timer only if it would wait, so the deadline
 //! still bounds every wait.
 //!
@@ -14,7 +14,7 @@
 //! (a queue-depth-1 client sends it a round trip later), so there
 //! [`Lazy`] keeps one timer across waits and moves it only when a
 //! deadline comes sooner than it: a timer armed afresh for each wait, the
-//! soonest in the runtime, wakes the runtime's driver (a syscall) every
+//! soonest on the core, re-arms the core's timerfd (a syscall) every
 //! time.
 
 use std::future::Future;
