@@ -3,6 +3,7 @@
 //! through `PR_SET_PDEATHSIG`.
 
 use std::fs::File;
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,18 +18,34 @@ pub struct Guest {
 }
 
 impl Guest {
-    pub fn spawn(name: &str, qemu: &Path, args: &[String], console_log: &Path) -> Result<Self, RigError> {
+    /// Starts QEMU with `args`. `inherit` is an fd of this process QEMU
+    /// keeps open under the same number (the rig's wire socket); every
+    /// other fd this process opened is closed in QEMU, as Rust opens them
+    /// close-on-exec.
+    pub fn spawn(
+        name: &str,
+        qemu: &Path,
+        args: &[String],
+        console_log: &Path,
+        inherit: Option<RawFd>,
+    ) -> Result<Self, RigError> {
         let log = File::create(console_log).map_err(|e| RigError::io("creating a console log", e))?;
         let log_err = log.try_clone().map_err(|e| RigError::io("cloning a console log", e))?;
         let mut command = Command::new(qemu);
         command.args(args).stdin(Stdio::null()).stdout(log).stderr(log_err);
         // SAFETY: the closure runs in the child between fork and exec and
-        // only makes one async-signal-safe system call; it touches no memory
-        // shared with the parent.
+        // only makes async-signal-safe system calls (`prctl`, `fcntl`) on
+        // the child's own process and fd table; it touches no memory shared
+        // with the parent.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = inherit {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });

@@ -1,6 +1,8 @@
 //! Booting the rig: QEMU guests (their command lines, readiness, the
 //! controllers they came up with) or this machine's own devices.
 
+use std::os::fd::{AsRawFd, RawFd};
+
 use super::qmp::{qmp_socket, WIRE_NIC_ID};
 use super::*;
 
@@ -40,12 +42,17 @@ impl Rig {
         std::fs::write(share.join("agent.sh"), include_str!("../../guest/agent.sh"))
             .map_err(|e| RigError::io("writing the agent", e))?;
 
-        let wire_ports = if spec.hosts > 1 { [free_udp_port()?, free_udp_port()?] } else { [0, 0] };
+        let wire = if spec.hosts > 1 { Some(Wire::bind()?) } else { None };
+        let wire_ports = wire.as_ref().map_or([0, 0], |wire| wire.ports);
         let mut guests = Vec::new();
         for host in [Host::Storage, Host::Training].into_iter().take(spec.hosts) {
-            let args = qemu_args(&spec, host, &kernel, &initrd, &run_dir, &share, wire_ports)?;
-            guests.push(Guest::spawn(host.name(), &qemu, &args, &run_dir.join(format!("{}.console", host.name())))?);
+            let wire_fd = wire.as_ref().map(|wire| wire.sockets[host.index()].as_raw_fd());
+            let args = qemu_args(&spec, host, &kernel, &initrd, &run_dir, &share, wire_fd)?;
+            let console = run_dir.join(format!("{}.console", host.name()));
+            guests.push(Guest::spawn(host.name(), &qemu, &args, &console, wire_fd)?);
         }
+        // Each QEMU holds its end now; this process never reads them.
+        drop(wire);
         let mut rig = Self {
             spec,
             backend: Backend::Guests { guests, share: share.clone(), wire_ports },
@@ -153,7 +160,7 @@ pub(super) fn qemu_args(
     initrd: &Path,
     run_dir: &Path,
     share: &Path,
-    wire_ports: [u16; 2],
+    wire_fd: Option<RawFd>,
 ) -> Result<Vec<String>, RigError> {
     let mut args: Vec<String> = Vec::new();
     let mut push = |parts: &[&str]| args.extend(parts.iter().map(|s| s.to_string()));
@@ -173,22 +180,15 @@ pub(super) fn qemu_args(
     push(&["-device", "virtio-9p-pci,fsdev=hr,mount_tag=hostroot"]);
     push(&["-fsdev", &format!("local,id=rs,path={},security_model=none", share.display())]);
     push(&["-device", "virtio-9p-pci,fsdev=rs,mount_tag=rigshare"]);
-    if spec.hosts > 1 {
+    if let Some(wire_fd) = wire_fd {
         // A datagram wire: each guest's frames go to the other's UDP port
-        // on loopback, one frame a datagram. A stream wire (`socket,listen`)
+        // on loopback, one frame a datagram ([`Wire`]). A stream wire (`socket,listen`)
         // couples the two QEMUs: a full socket stops the sender's virtio-net
         // transmit queue until the socket drains, and under soft-RoCE load
         // the storage guest's transmit queue then stayed stopped for good
         // (its packet count frozen, the socket empty). Here a full receiver
         // drops a frame, as a real link does, and rxe and TCP resend it.
-        let (local, remote) = (wire_ports[host.index()], wire_ports[1 - host.index()]);
-        push(&[
-            "-netdev",
-            &format!(
-                "dgram,id=wire,local.type=inet,local.host=127.0.0.1,local.port={local},\
-                 remote.type=inet,remote.host=127.0.0.1,remote.port={remote}"
-            ),
-        ]);
+        push(&["-netdev", &format!("dgram,id=wire,local.type=fd,local.str={wire_fd}")]);
         // tx=timer: QEMU 7.2's default transmit bottom half now and then
         // stopped taking the storage guest's frames for good (QMP: the
         // guest's avail index ahead, nothing in use, the socket empty);
@@ -242,8 +242,27 @@ pub(super) fn lock_cache(cache: &Path) -> Result<nix::fcntl::Flock<std::fs::File
         .map_err(|(_, errno)| RigError::io("locking the rig cache", errno.into()))
 }
 
-/// A UDP port free on loopback now, for one end of the wire.
-pub(super) fn free_udp_port() -> Result<u16, RigError> {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| RigError::io("finding a free port", e))?;
-    socket.local_addr().map(|a| a.port()).map_err(|e| RigError::io("finding a free port", e))
+/// The wire between two guests: a UDP socket on loopback for each
+/// (storage first), bound and connected to the other before either QEMU
+/// starts, and handed to its QEMU as an open fd. Choosing free ports
+/// and letting each QEMU bind its own left a window in which another
+/// process (another rig booting beside this one) could take a port.
+struct Wire {
+    sockets: [std::net::UdpSocket; 2],
+    ports: [u16; 2],
+}
+
+impl Wire {
+    fn bind() -> Result<Self, RigError> {
+        let bind = || std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| RigError::io("binding a wire socket", e));
+        let sockets = [bind()?, bind()?];
+        let address = |socket: &std::net::UdpSocket| {
+            socket.local_addr().map_err(|e| RigError::io("reading a wire socket's address", e))
+        };
+        let addresses = [address(&sockets[0])?, address(&sockets[1])?];
+        for (socket, peer) in sockets.iter().zip(addresses.iter().rev()) {
+            socket.connect(peer).map_err(|e| RigError::io("connecting a wire socket", e))?;
+        }
+        Ok(Self { sockets, ports: addresses.map(|a| a.port()) })
+    }
 }
