@@ -7,6 +7,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use sluice_client::sampler::IndexSampler;
+use sluice_dataplane::blocks::{block_crc, VERIFY_BLOCK_BYTES};
 use sluice_dataplane::plan::{plan_batch, PlanGeometry};
 use sluice_dataplane::ByteRange;
 use sluice_proto::wire::{encode_batch_request, parse_batch_request};
@@ -81,6 +82,12 @@ fn crc(c: &mut Criterion) {
     let mut group = c.benchmark_group("crc32c");
     group.throughput(Throughput::Bytes(chunk.len() as u64));
     group.bench_function("chunk_64k", |b| b.iter(|| crc32c::crc32c(black_box(&chunk))));
+    group.finish();
+    // What a core verifies every served 4 KiB block with (`crc-fast`).
+    let block = &chunk[..VERIFY_BLOCK_BYTES as usize];
+    let mut group = c.benchmark_group("block_crc");
+    group.throughput(Throughput::Bytes(block.len() as u64));
+    group.bench_function("block_4k", |b| b.iter(|| block_crc(black_box(block))));
     group.finish();
 }
 

@@ -75,7 +75,8 @@ pub fn markdown(run: &Run) -> String {
                  under `valgrind --tool=callgrind` serving batches of 32 random 4 KiB reads over TCP. User space only; \
                  the kernel's share (io_uring, TCP) is not counted.\n\n\
                  {:.0} of them per read beside verification (two more runs, leaving out `block_crc`, the CRC32C of \
-                 each 4 KiB block read: {:.0} a block under callgrind, which runs its SSE4.2 code).\n\n\
+                 each 4 KiB block read: {:.0} a block under callgrind, which runs `crc-fast`'s SSE code, not the AVX-512 \
+                 code a core with it runs).\n\n\
                  {:.3} heap allocations per batch on the node: ({} − {}) calls of the C allocator in the same two \
                  runs, over {} batches more (start-up differs by a few allocations from run to run).",
                 count.instructions_per_read,

@@ -33,9 +33,17 @@ pub fn block_count(length_bytes: u64) -> u64 {
 /// profile can tell verification's cost from the rest: the benchmark
 /// counts the node's instructions per read beside it (callgrind's
 /// `--toggle-collect` names this function).
+///
+/// Every byte a core serves passes through here, so it uses `crc-fast`
+/// (carry-less multiply folding, chosen for the CPU at run time) rather
+/// than the `crc32c` crate's three interleaved `crc32` instructions that
+/// the rest of the project uses: on 4 KiB blocks in cache, as a block
+/// just read is, 66.8 GB/s against 18.9 on this project's AVX-512 VM
+/// (17.0 against 10.3 streaming from memory). The two compute the same
+/// CRC-32C (Castagnoli); the tests hold them to it.
 #[inline(never)]
 pub fn block_crc(block: &[u8]) -> u32 {
-    crc32c::crc32c(block)
+    crc_fast::crc32_iscsi(block)
 }
 
 /// Appends the block CRCs of `data`, which starts at a block boundary and
@@ -146,6 +154,18 @@ mod tests {
                 data.chunks(CHUNK_SIZE_BYTES as usize).map(|c| chunk_crc_and_blocks(c, &mut one_pass)).collect();
             prop_assert_eq!(folded, chunks);
             prop_assert_eq!(one_pass, blocks);
+        }
+    }
+
+    proptest! {
+        /// The served path's CRC is the `crc32c` crate's, at any length and
+        /// any alignment of the bytes (the vector code has head and tail
+        /// cases on both).
+        #[test]
+        fn block_crc_is_crc32c(len in 0usize..=2 * VERIFY_BLOCK_BYTES as usize, skew in 0usize..64, seed in any::<u64>()) {
+            let data: Vec<u8> = (0..len + skew).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 17) as u8).collect();
+            let block = &data[skew..];
+            prop_assert_eq!(block_crc(block), crc32c::crc32c(block));
         }
     }
 
