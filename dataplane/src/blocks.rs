@@ -39,8 +39,8 @@ pub fn block_count(length_bytes: u64) -> u64 {
 /// than the `crc32c` crate's three interleaved `crc32` instructions
 /// (which the catalog's chunk checks and the tools keep): on 4 KiB blocks
 /// in cache, as a block just read is, 66.8 GB/s against 18.9 on this
-/// project's AVX-512 VM (17.0 against 10.3 streaming from memory). The two compute the same
-/// CRC-32C (Castagnoli); the tests hold them to it.
+/// project's AVX-512 VM (17.0 against 10.3 streaming from memory). The
+/// two compute the same CRC-32C (Castagnoli); the tests hold them to it.
 #[inline(never)]
 pub fn block_crc(block: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(block)

@@ -33,10 +33,8 @@ impl Guest {
         let log_err = log.try_clone().map_err(|e| RigError::io("cloning a console log", e))?;
         let mut command = Command::new(qemu);
         command.args(args).stdin(Stdio::null()).stdout(log).stderr(log_err);
-        // SAFETY: the closure runs in the child between fork and exec and
-        // only makes async-signal-safe system calls (`prctl`, `fcntl`) on
-        // the child's own process and fd table; it touches no memory shared
-        // with the parent.
+        // SAFETY: runs in the child between fork and exec: only async-signal-
+        // safe calls (`prctl`, `fcntl`) on its own process and fd table.
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
