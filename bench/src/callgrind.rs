@@ -13,6 +13,14 @@
 //! that complete apart each take a turn of the core's event loop; the
 //! suite and `bench instructions` read the same 1 GiB at random.
 //!
+//! So the count is taken twice ([`Source`]): with `O_DIRECT` reads at the
+//! device, the goal's measure, and through the page cache, warmed, where
+//! io_uring completes each read during its submission and the core never
+//! waits for the device. The difference is what waiting costs the core's
+//! event loop (its turns for completions that arrive apart, which callgrind,
+//! slowing the node and not the device, makes more of than a native run
+//! has); the page-cache count is the served path alone.
+//!
 //! A second pair of runs counts only the instructions spent inside
 //! [`sluice_dataplane::blocks::block_crc`] (`--toggle-collect` collects
 //! inside the function named and nowhere else), so the served path's own
@@ -37,8 +45,36 @@ const CRC_FUNCTION: &str = "sluice_dataplane::blocks::block_crc";
 /// The C allocator's entry points: a call of any is one heap allocation.
 const ALLOCATORS: [&str; 6] = ["malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"];
 
+/// Where the counted reads come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// `O_DIRECT` reads at the device (`--io-mode direct`).
+    Device,
+    /// Buffered reads of a warmed file (`--io-mode buffered`).
+    PageCache,
+}
+
+impl Source {
+    fn io_mode(self) -> &'static str {
+        match self {
+            Source::Device => "direct",
+            Source::PageCache => "buffered",
+        }
+    }
+
+    /// The words reports use for it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::Device => "O_DIRECT, reads at the device",
+            Source::PageCache => "through the page cache, warmed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct InstructionCount {
+    pub source: Source,
     pub reads_small: u64,
     pub reads_large: u64,
     pub instructions_small: u64,
@@ -59,16 +95,21 @@ struct Totals {
     allocations: u64,
 }
 
-/// Counts instructions per read of `dataset` on a node over `data_dir`
-/// (no other node may hold it).
-pub fn per_read(
-    runtime: &tokio::runtime::Runtime,
-    sluiced: &Path,
-    data_dir: &Path,
-    dataset: &str,
-    work_dir: &Path,
-    batches: (u64, u64),
-) -> Result<InstructionCount, String> {
+/// Where a count's runs take place.
+pub struct CountSetup<'a> {
+    pub runtime: &'a tokio::runtime::Runtime,
+    pub sluiced: &'a Path,
+    /// The node's data directory; no other node may hold it.
+    pub data_dir: &'a Path,
+    pub dataset: &'a str,
+    /// Where callgrind's outputs and the data directory's pristine copy go.
+    pub work_dir: &'a Path,
+}
+
+/// Counts instructions per read of `dataset` from `source`, in runs of
+/// `batches.0` and `batches.1` batches.
+pub fn per_read(setup: &CountSetup, source: Source, batches: (u64, u64)) -> Result<InstructionCount, String> {
+    let CountSetup { data_dir, work_dir, .. } = *setup;
     let pristine = work_dir.join("node.before-runs");
     let _ = std::fs::remove_dir_all(&pristine);
     copy_tree(data_dir, &pristine).map_err(|e| format!("keeping {} aside: {e}", data_dir.display()))?;
@@ -76,7 +117,10 @@ pub fn per_read(
         // Every run starts where the first did.
         std::fs::remove_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
         copy_tree(&pristine, data_dir).map_err(|e| format!("restoring {}: {e}", data_dir.display()))?;
-        run_once(runtime, sluiced, data_dir, dataset, work_dir, batches, crc_only)
+        if source == Source::PageCache {
+            warm_tree(data_dir)?;
+        }
+        run_once(setup, source, batches, crc_only)
     };
     let small = run(batches.0, false)?;
     let large = run(batches.1, false)?;
@@ -86,6 +130,7 @@ pub fn per_read(
     let per_read = |small: u64, large: u64| (large as f64 - small as f64) / (reads_large - reads_small) as f64;
     let instructions_per_read = per_read(small.instructions, large.instructions);
     Ok(InstructionCount {
+        source,
         reads_small,
         reads_large,
         instructions_small: small.instructions,
@@ -99,17 +144,9 @@ pub fn per_read(
     })
 }
 
-fn run_once(
-    runtime: &tokio::runtime::Runtime,
-    sluiced: &Path,
-    data_dir: &Path,
-    dataset: &str,
-    work_dir: &Path,
-    batches: u64,
-    crc_only: bool,
-) -> Result<Totals, String> {
-    let name = if crc_only { format!("callgrind.{batches}.crc.out") } else { format!("callgrind.{batches}.out") };
-    let out = work_dir.join(name);
+fn run_once(setup: &CountSetup, source: Source, batches: u64, crc_only: bool) -> Result<Totals, String> {
+    let CountSetup { runtime, sluiced, data_dir, dataset, work_dir } = *setup;
+    let out = work_dir.join(output_name(source, batches, crc_only));
     let mut wrapper =
         vec!["valgrind".to_string(), "--tool=callgrind".to_string(), format!("--callgrind-out-file={}", out.display())];
     if crc_only {
@@ -121,7 +158,7 @@ fn run_once(
     // does natively (there it spins as long, at full speed). What polling
     // costs and gains is measured in time, by the read benchmarks.
     let node_flags = ["--cores", "1", "--poll-window-us", "0"];
-    let (server, endpoint) = Server::sluiced(&wrapper, sluiced, data_dir, "direct", &node_flags)?;
+    let (server, endpoint) = Server::sluiced(&wrapper, sluiced, data_dir, source.io_mode(), &node_flags)?;
     runtime.block_on(async {
         let client = Client::connect(&endpoint).await.map_err(|e| e.to_string())?;
         let dataset = Arc::new(client.open(dataset).await.map_err(|e| e.to_string())?);
@@ -150,6 +187,25 @@ fn run_once(
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| format!("no totals in {}", out.display()))?;
     Ok(Totals { instructions, allocations: calls_to(&text, &ALLOCATORS) })
+}
+
+/// The name of one run's callgrind output: `callgrind.<io mode>.<batches>[.crc].out`.
+pub fn output_name(source: Source, batches: u64, crc_only: bool) -> String {
+    format!("callgrind.{}.{batches}{}.out", source.io_mode(), if crc_only { ".crc" } else { "" })
+}
+
+/// Reads every file under `dir`, so the page cache holds it.
+fn warm_tree(dir: &Path) -> Result<(), String> {
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = entry.path();
+        if path.is_dir() {
+            warm_tree(&path)?;
+        } else {
+            crate::warm(&path)?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies the directory tree at `from` to `to` (files and directories;

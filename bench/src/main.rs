@@ -22,6 +22,7 @@ use hw_tests::cargo;
 use rand::RngCore;
 use sluice::{Node, NodeConfig};
 
+use crate::callgrind::{CountSetup, Source};
 use crate::procs::{cpu_seconds_of, free_port, output, wait_port, Server};
 use crate::report::{Run, BATCHED_LIMIT, DEVICE_LIMIT};
 use crate::runners::{FioQueue, FioTarget};
@@ -129,22 +130,32 @@ fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, St
     sluicectl(&bin, &endpoint, &["dataset", "seal", "bytes"])?;
     drop(node);
     let runtime = sluicectl::api::runtime_with_workers(1).map_err(|e| e.to_string())?;
-    let count = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", &work, (small, large))?;
-    println!(
-        "{:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n\
-         {:.0} per read beside the block CRC32C; {:.3} heap allocations per batch ({} - {})",
-        count.instructions_per_read,
-        count.instructions_large,
-        count.instructions_small,
-        count.reads_large,
-        count.reads_small,
-        Profile::OF_THIS_BUILD.caveat(),
-        count.instructions_per_read_beside_crc,
-        count.allocations_per_batch,
-        count.allocations_large,
-        count.allocations_small,
-    );
-    Ok(work.join(format!("callgrind.{large}.out")))
+    let setup = CountSetup {
+        runtime: &runtime,
+        sluiced: &bin.join("sluiced"),
+        data_dir: &node_dir,
+        dataset: "bytes",
+        work_dir: &work,
+    };
+    for source in [Source::Device, Source::PageCache] {
+        let count = callgrind::per_read(&setup, source, (small, large))?;
+        println!(
+            "{}:\n  {:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n  \
+             {:.0} per read beside the block CRC32C; {:.3} heap allocations per batch ({} - {})",
+            source.describe(),
+            count.instructions_per_read,
+            count.instructions_large,
+            count.instructions_small,
+            count.reads_large,
+            count.reads_small,
+            Profile::OF_THIS_BUILD.caveat(),
+            count.instructions_per_read_beside_crc,
+            count.allocations_per_batch,
+            count.allocations_large,
+            count.allocations_small,
+        );
+    }
+    Ok(work.join(callgrind::output_name(Source::Device, large, false)))
 }
 
 /// The workspace and its target directory (`CARGO_TARGET_DIR` if set).
@@ -433,8 +444,16 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
 
     println!("counting instructions per read under callgrind");
     let batches = if short { (20, 60) } else { (200, 1000) };
-    let instructions = callgrind::per_read(&runtime, &bin.join("sluiced"), &node_dir, "bytes", work, batches);
-    if let Err(why) = &instructions {
+    let setup = CountSetup {
+        runtime: &runtime,
+        sluiced: &bin.join("sluiced"),
+        data_dir: &node_dir,
+        dataset: "bytes",
+        work_dir: work,
+    };
+    let instructions = callgrind::per_read(&setup, Source::Device, batches);
+    let instructions_page_cache = callgrind::per_read(&setup, Source::PageCache, batches);
+    for why in [&instructions, &instructions_page_cache].into_iter().filter_map(|count| count.as_ref().err()) {
         eprintln!("callgrind: {why}");
     }
     println!("running the hot-path microbenchmarks");
@@ -464,10 +483,15 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
         workloads,
         measurements: results,
         instructions,
+        instructions_page_cache,
         micro,
     };
     std::fs::write(layout.out.join("report.md"), report::markdown(&run)).map_err(|e| e.to_string())?;
-    let json = serde_json::json!({ "measurements": run.measurements, "instructions": run.instructions.as_ref().ok() });
+    let json = serde_json::json!({
+        "measurements": run.measurements,
+        "instructions": run.instructions.as_ref().ok(),
+        "instructions_page_cache": run.instructions_page_cache.as_ref().ok(),
+    });
     std::fs::write(layout.out.join("results.json"), serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     report::plots(&run, &layout.out)?;
