@@ -409,6 +409,39 @@ mod tests {
         assert!(md.contains("| n/a | ≤ 1200 | not measured |"), "{md}");
     }
 
+    fn counted(source: crate::callgrind::Source, beside_crc: f64) -> InstructionCount {
+        InstructionCount {
+            source,
+            reads_small: 6400,
+            reads_large: 32000,
+            instructions_small: 0,
+            instructions_large: 0,
+            instructions_per_read: beside_crc + 1930.0,
+            instructions_per_read_beside_crc: beside_crc,
+            allocations_small: 0,
+            allocations_large: 0,
+            allocations_per_batch: 0.0,
+        }
+    }
+
+    /// The goal is the count with reads at the device; the page-cache
+    /// count is reported beside it and never stands in for it.
+    #[test]
+    fn the_instruction_goal_is_the_device_count() {
+        use crate::callgrind::Source;
+        let mut run = run_of(Vec::new(), Vec::new());
+        run.instructions_page_cache = Ok(counted(Source::PageCache, 1000.0));
+        let goal = |run: &Run| goals(run).into_iter().find(|g| g.what.starts_with("user-space instructions"));
+        assert_eq!(goal(&run).expect("goal row").measured, None, "no device count: not measured");
+        run.instructions = Ok(counted(Source::Device, 1336.0));
+        assert_eq!(goal(&run).expect("goal row").measured, Some(1336.0));
+        let md = markdown(&run);
+        let device = md.find("**O_DIRECT, reads at the device**: 3266").expect("device paragraph");
+        let cached = md.find("**through the page cache, warmed**: 2930").expect("page-cache paragraph");
+        assert!(device < cached, "the goal's count comes first");
+        assert!(md.contains("| 1336 | ≤ 1200 | no |"), "{md}");
+    }
+
     /// Each batched workload is compared with fio issuing the same batches,
     /// and those with fio's free-running figure for the same reads.
     #[test]
