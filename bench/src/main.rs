@@ -56,7 +56,8 @@ enum Cmd {
     },
     /// Only the instruction count per served 4 KiB read (callgrind), in
     /// all and beside the block CRC32C, and the heap allocations per
-    /// batch, on a node of its own; keeps the callgrind outputs for
+    /// batch, on a node of its own: at O_DIRECT (the goal's count) and
+    /// through the warmed page cache; keeps the callgrind outputs for
     /// `callgrind_annotate` (in target/bench-instructions).
     Instructions {
         /// Batches of 32 reads in the small and the large run.
