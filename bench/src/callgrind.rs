@@ -29,7 +29,7 @@
 //! runs `crc-fast`'s SSE carry-less multiply code, not the AVX-512
 //! (`VPCLMULQDQ`) code a core with it runs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,30 +95,45 @@ struct Totals {
     allocations: u64,
 }
 
-/// Where a count's runs take place.
+/// Where a count's runs take place: a node's data directory, kept aside
+/// once as it was before any run so that every run, of either [`Source`],
+/// starts from it.
 pub struct CountSetup<'a> {
-    pub runtime: &'a tokio::runtime::Runtime,
-    pub sluiced: &'a Path,
-    /// The node's data directory; no other node may hold it.
-    pub data_dir: &'a Path,
-    pub dataset: &'a str,
-    /// Where callgrind's outputs and the data directory's pristine copy go.
-    pub work_dir: &'a Path,
+    runtime: &'a tokio::runtime::Runtime,
+    sluiced: &'a Path,
+    data_dir: &'a Path,
+    dataset: &'a str,
+    work_dir: &'a Path,
+    pristine: PathBuf,
 }
 
-/// Counts instructions per read of `dataset` from `source`, in runs of
-/// `batches.0` and `batches.1` batches.
+impl<'a> CountSetup<'a> {
+    /// Keeps `data_dir` (which no other node may hold) aside in
+    /// `work_dir`, where callgrind's outputs go too.
+    pub fn keep_aside(
+        runtime: &'a tokio::runtime::Runtime,
+        sluiced: &'a Path,
+        data_dir: &'a Path,
+        dataset: &'a str,
+        work_dir: &'a Path,
+    ) -> Result<Self, String> {
+        let pristine = work_dir.join("node.before-runs");
+        let _ = std::fs::remove_dir_all(&pristine);
+        copy_tree(data_dir, &pristine).map_err(|e| format!("keeping {} aside: {e}", data_dir.display()))?;
+        Ok(Self { runtime, sluiced, data_dir, dataset, work_dir, pristine })
+    }
+}
+
+/// Counts instructions per read of the setup's dataset from `source`, in
+/// runs of `batches.0` and `batches.1` batches.
 pub fn per_read(setup: &CountSetup, source: Source, batches: (u64, u64)) -> Result<InstructionCount, String> {
-    let CountSetup { data_dir, work_dir, .. } = *setup;
-    let pristine = work_dir.join("node.before-runs");
-    let _ = std::fs::remove_dir_all(&pristine);
-    copy_tree(data_dir, &pristine).map_err(|e| format!("keeping {} aside: {e}", data_dir.display()))?;
+    let data_dir = setup.data_dir;
     let run = |batches, crc_only| {
         // Every run starts where the first did.
         std::fs::remove_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
-        copy_tree(&pristine, data_dir).map_err(|e| format!("restoring {}: {e}", data_dir.display()))?;
+        copy_tree(&setup.pristine, data_dir).map_err(|e| format!("restoring {}: {e}", data_dir.display()))?;
         if source == Source::PageCache {
-            warm_tree(data_dir)?;
+            crate::warm_namespaces(data_dir)?;
         }
         run_once(setup, source, batches, crc_only)
     };
@@ -145,7 +160,7 @@ pub fn per_read(setup: &CountSetup, source: Source, batches: (u64, u64)) -> Resu
 }
 
 fn run_once(setup: &CountSetup, source: Source, batches: u64, crc_only: bool) -> Result<Totals, String> {
-    let CountSetup { runtime, sluiced, data_dir, dataset, work_dir } = *setup;
+    let CountSetup { runtime, sluiced, data_dir, dataset, work_dir, .. } = *setup;
     let out = work_dir.join(output_name(source, batches, crc_only));
     let mut wrapper =
         vec!["valgrind".to_string(), "--tool=callgrind".to_string(), format!("--callgrind-out-file={}", out.display())];
@@ -192,20 +207,6 @@ fn run_once(setup: &CountSetup, source: Source, batches: u64, crc_only: bool) ->
 /// The name of one run's callgrind output: `callgrind.<io mode>.<batches>[.crc].out`.
 pub fn output_name(source: Source, batches: u64, crc_only: bool) -> String {
     format!("callgrind.{}.{batches}{}.out", source.io_mode(), if crc_only { ".crc" } else { "" })
-}
-
-/// Reads every file under `dir`, so the page cache holds it.
-fn warm_tree(dir: &Path) -> Result<(), String> {
-    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = entry.path();
-        if path.is_dir() {
-            warm_tree(&path)?;
-        } else {
-            crate::warm(&path)?;
-        }
-    }
-    Ok(())
 }
 
 /// Copies the directory tree at `from` to `to` (files and directories;

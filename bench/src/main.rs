@@ -131,13 +131,8 @@ fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, St
     sluicectl(&bin, &endpoint, &["dataset", "seal", "bytes"])?;
     drop(node);
     let runtime = sluicectl::api::runtime_with_workers(1).map_err(|e| e.to_string())?;
-    let setup = CountSetup {
-        runtime: &runtime,
-        sluiced: &bin.join("sluiced"),
-        data_dir: &node_dir,
-        dataset: "bytes",
-        work_dir: &work,
-    };
+    let sluiced = bin.join("sluiced");
+    let setup = CountSetup::keep_aside(&runtime, &sluiced, &node_dir, "bytes", &work)?;
     for source in [Source::Device, Source::PageCache] {
         let count = callgrind::per_read(&setup, source, (small, large))?;
         println!(
@@ -303,6 +298,15 @@ fn warm(path: &Path) -> Result<(), String> {
     std::io::copy(&mut file, &mut std::io::sink()).map(|_| ()).map_err(|e| e.to_string())
 }
 
+/// Reads every namespace file of the node over `node_dir`, so the page
+/// cache holds them.
+fn warm_namespaces(node_dir: &Path) -> Result<(), String> {
+    for entry in std::fs::read_dir(node_dir.join("namespaces")).map_err(|e| e.to_string())?.flatten() {
+        warm(&entry.path())?;
+    }
+    Ok(())
+}
+
 fn record(results: &mut Vec<Measurement>, outcome: Result<Measurement, String>, what: &str) -> Result<(), String> {
     let m = outcome.map_err(|e| format!("{what}: {e}"))?;
     println!(
@@ -348,9 +352,7 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
 
     // The same node through the page cache, warmed.
     let (node, endpoint) = Server::sluiced(&[], &bin.join("sluiced"), &node_dir, "buffered", &[])?;
-    for entry in std::fs::read_dir(node_dir.join("namespaces")).map_err(|e| e.to_string())?.flatten() {
-        warm(&entry.path())?;
-    }
+    warm_namespaces(&node_dir)?;
     for &w in &workloads {
         let cpu = || node.cpu_seconds();
         let m =
@@ -445,15 +447,15 @@ fn run_all(short: bool, seconds: Option<f64>, data_mib: Option<u64>, out: Option
 
     println!("counting instructions per read under callgrind");
     let batches = if short { (20, 60) } else { (200, 1000) };
-    let setup = CountSetup {
-        runtime: &runtime,
-        sluiced: &bin.join("sluiced"),
-        data_dir: &node_dir,
-        dataset: "bytes",
-        work_dir: work,
-    };
-    let instructions = callgrind::per_read(&setup, Source::Device, batches);
-    let instructions_page_cache = callgrind::per_read(&setup, Source::PageCache, batches);
+    let sluiced = bin.join("sluiced");
+    let (instructions, instructions_page_cache) =
+        match CountSetup::keep_aside(&runtime, &sluiced, &node_dir, "bytes", work) {
+            Ok(setup) => (
+                callgrind::per_read(&setup, Source::Device, batches),
+                callgrind::per_read(&setup, Source::PageCache, batches),
+            ),
+            Err(why) => (Err(why.clone()), Err(why)),
+        };
     for why in [&instructions, &instructions_page_cache].into_iter().filter_map(|count| count.as_ref().err()) {
         eprintln!("callgrind: {why}");
     }
