@@ -21,7 +21,9 @@ ROUNDS=${5:-3}
 SECONDS_EACH=${6:-5}
 MIB=${7:-512}
 IO_MODE=${IO_MODE:-buffered}
-read -r DEEP_BATCH DEEP_INFLIGHT <<<"${DEEP:-8 4}"
+read -r DEEP_BATCH DEEP_INFLIGHT DEEP_REST <<<"${DEEP:-8 4}"
+[[ $DEEP_BATCH =~ ^[1-9][0-9]*$ && $DEEP_INFLIGHT =~ ^[1-9][0-9]*$ && -z $DEEP_REST ]] ||
+    { echo "DEEP must be two positive whole numbers, \"BATCH INFLIGHT\": got \"$DEEP\"" >&2; exit 2; }
 NAME=ab
 . bench/node.sh
 
@@ -66,7 +68,9 @@ TLS_FLAGS="--tls-cert $WORK/pki/node.pem --tls-key $WORK/pki/node.key"
 head -c $((MIB << 20)) /dev/urandom >"$WORK/data.bin"
 start a "${FLAGS_A//@TLS@/$TLS_FLAGS}"
 start b "${FLAGS_B//@TLS@/$TLS_FLAGS}"
-for side in a b; do ctl "$side" --json bench read data --size 4096 --batch 8 --inflight 4 --seconds 1 >/dev/null; done
+for side in a b; do
+    ctl "$side" --json bench read data --size 4096 --batch "$DEEP_BATCH" --inflight "$DEEP_INFLIGHT" --seconds 1 >/dev/null
+done
 
 : >"$WORK/results"
 for round in $(seq "$ROUNDS"); do
