@@ -139,7 +139,7 @@ type CacheValue = fn(&sluice_proto::api::CacheReport) -> u64;
 /// The per-core gauges: name, help, and the value from a core's load.
 type CoreGauge = (&'static str, &'static str, fn(&sluice_dataplane::CoreLoadSnapshot) -> f64);
 
-const CORE_GAUGES: [CoreGauge; 4] = [
+const CORE_GAUGES: [CoreGauge; 5] = [
     ("sluice_core_batches", "Batches a data-plane core holds: waiting for DMA slots or being read.", |load| {
         load.batches as f64
     }),
@@ -153,5 +153,10 @@ const CORE_GAUGES: [CoreGauge; 4] = [
         "sluice_core_bulk_bytes_at_device",
         "Bytes of bulk-lane reads a data-plane core has at the device (bounded by bulk_in_flight_bytes).",
         |load| load.bulk_bytes_at_device as f64,
+    ),
+    (
+        "sluice_core_completions_found_late_total",
+        "Passes in which a data-plane core found completions only after its 50 ms recheck nudged it: wake-ups that never came (0 on a healthy core).",
+        |load| load.completions_found_late as f64,
     ),
 ];

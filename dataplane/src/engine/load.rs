@@ -14,6 +14,7 @@ pub(crate) struct CoreLoad {
     batches_to_push: AtomicUsize,
     reads_at_device: AtomicUsize,
     bulk_bytes_at_device: AtomicU64,
+    completions_found_late: AtomicU64,
 }
 
 /// A core's load as of its last pass.
@@ -28,6 +29,10 @@ pub struct CoreLoadSnapshot {
     pub reads_at_device: usize,
     /// Bytes of bulk-lane reads among them (the bound's count).
     pub bulk_bytes_at_device: u64,
+    /// Passes since start that found completions only after the core's
+    /// recheck nudged it: wake-ups that never came. Stays 0 on a healthy
+    /// core.
+    pub completions_found_late: u64,
 }
 
 impl CoreLoad {
@@ -41,6 +46,7 @@ impl CoreLoad {
         self.batches_to_push.store(load.batches_to_push, Ordering::Relaxed);
         self.reads_at_device.store(load.reads_at_device, Ordering::Relaxed);
         self.bulk_bytes_at_device.store(load.bulk_bytes_at_device, Ordering::Relaxed);
+        self.completions_found_late.store(load.completions_found_late, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> CoreLoadSnapshot {
@@ -49,6 +55,7 @@ impl CoreLoad {
             batches_to_push: self.batches_to_push.load(Ordering::Relaxed),
             reads_at_device: self.reads_at_device.load(Ordering::Relaxed),
             bulk_bytes_at_device: self.bulk_bytes_at_device.load(Ordering::Relaxed),
+            completions_found_late: self.completions_found_late.load(Ordering::Relaxed),
         }
     }
 }

@@ -370,7 +370,59 @@ fn a_completion_nobody_announces_is_still_found() {
             assert_eq!(result.statuses(), &[RangeStatus::Ok]);
         }
     });
+    let late = plane.core_loads()[0].completions_found_late;
+    assert!(late > 0, "the recheck, not a wake-up, found the held completions");
     plane.shutdown();
+}
+
+/// Writes `data` to a new file namespace and drops its pages from the
+/// page cache, so that reads of it wait for the device, O_DIRECT or not.
+fn cold_namespace(driver: &UringDriver, dir: &std::path::Path, data: &[u8]) -> Arc<dyn crate::driver::Namespace> {
+    let path = dir.join("ns");
+    let ns = driver.open_namespace(&NamespaceSpec::File { path: path.clone(), create: true }).expect("namespace");
+    ns.write_at(0, data).expect("write");
+    ns.sync().expect("sync");
+    let file = std::fs::File::open(&path).expect("open");
+    // SAFETY: plain syscall on an fd this function owns.
+    let advised =
+        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(advised, 0, "posix_fadvise");
+    ns
+}
+
+/// A core that sleeps while its reads are at the device (no poll window)
+/// is woken by their completions, not by the recheck. The recheck makes a
+/// lost wake-up cost a batch 50 to 100 ms and nothing more, so a test that
+/// only waits for its batches would pass without any wake-up at all; this
+/// one counts the passes the recheck had to start. With the wake-up gone
+/// nearly every batch needs one (39 of 40 when tried); a few are allowed
+/// for a device that stalls past the recheck's period on a loaded machine.
+#[test]
+fn completions_wake_a_sleeping_core_without_the_recheck() {
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uring = UringDriver::new(IoMode::Direct);
+    let ns = cold_namespace(&uring, dir.path(), &data);
+    let config = DataPlaneConfig { cores: 1, poll_window: std::time::Duration::ZERO, ..small_config() };
+    let plane = DataPlane::start(Arc::new(uring), config).expect("start");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    runtime().block_on(async {
+        let slot = plane.attach(Arc::new(whole_view(ns, &data))).await.expect("attach");
+        for _ in 0..40 {
+            let ranges: Vec<ByteRange> = (0..8)
+                .map(|_| ByteRange { offset_bytes: rng.gen_range(0..data.len() as u64 - 4096), len_bytes: 4096 })
+                .collect();
+            let read = plane.read(slot, ranges.clone());
+            let result = crate::timer::timeout(std::time::Duration::from_secs(10), read)
+                .await
+                .expect("the batch completes")
+                .expect("batch");
+            assert_batch_exact(&data, &ranges, &result);
+        }
+    });
+    let late = plane.core_loads()[0].completions_found_late;
+    plane.shutdown();
+    assert!(late <= 4, "{late} of 40 batches' completions found only after the recheck's nudge");
 }
 
 /// A core keeps no more bulk bytes at the device than its bound, so a

@@ -189,6 +189,7 @@ impl CoreEngine {
                 batches_to_push: self.to_push.iter().map(VecDeque::len).sum(),
                 reads_at_device: self.queue.in_flight() as usize,
                 bulk_bytes_at_device: self.bulk_in_flight_bytes,
+                completions_found_late: self.late_completions,
             });
             let in_flight = self.queue.in_flight() > 0;
             if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
