@@ -156,7 +156,7 @@ const CORE_GAUGES: [CoreGauge; 5] = [
     ),
     (
         "sluice_core_completions_found_late_total",
-        "Passes in which a data-plane core found completions only after its 50 ms recheck nudged it: wake-ups that never came (0 on a healthy core).",
+        "Passes in which a data-plane core found completions only after its periodic recheck nudged it: wake-ups that never came (0 on a healthy core).",
         |load| load.completions_found_late as f64,
     ),
 ];

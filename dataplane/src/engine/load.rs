@@ -6,8 +6,9 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// One core's load, written by that core alone and read by anyone: a
-/// snapshot as of its last pass, not a count to rely on.
+/// One core's load, written by that core alone and read by anyone: gauges
+/// as of its last pass, not counts to rely on, and one counter the core
+/// bumps when it happens.
 #[derive(Debug, Default)]
 pub(crate) struct CoreLoad {
     batches: AtomicUsize,
@@ -35,18 +36,35 @@ pub struct CoreLoadSnapshot {
     pub completions_found_late: u64,
 }
 
+/// The gauges a core stores at the end of each pass: the fields of
+/// [`CoreLoadSnapshot`] that describe the moment, not its history.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PassLoad {
+    pub(crate) batches: usize,
+    pub(crate) batches_to_push: usize,
+    pub(crate) reads_at_device: usize,
+    pub(crate) bulk_bytes_at_device: u64,
+}
+
 impl CoreLoad {
     /// Batches the core holds, for placement.
     pub(crate) fn batches(&self) -> usize {
         self.batches.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn store(&self, load: CoreLoadSnapshot) {
-        self.batches.store(load.batches, Ordering::Relaxed);
-        self.batches_to_push.store(load.batches_to_push, Ordering::Relaxed);
-        self.reads_at_device.store(load.reads_at_device, Ordering::Relaxed);
-        self.bulk_bytes_at_device.store(load.bulk_bytes_at_device, Ordering::Relaxed);
-        self.completions_found_late.store(load.completions_found_late, Ordering::Relaxed);
+    /// The gauges at the end of a pass.
+    pub(crate) fn store(&self, pass: PassLoad) {
+        self.batches.store(pass.batches, Ordering::Relaxed);
+        self.batches_to_push.store(pass.batches_to_push, Ordering::Relaxed);
+        self.reads_at_device.store(pass.reads_at_device, Ordering::Relaxed);
+        self.bulk_bytes_at_device.store(pass.bulk_bytes_at_device, Ordering::Relaxed);
+    }
+
+    /// Counts one more pass that found completions late; returns the count
+    /// so far. Rare on a healthy core, so its atomic add costs no pass
+    /// anything.
+    pub(crate) fn completions_found_late(&self) -> u64 {
+        self.completions_found_late.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub(crate) fn snapshot(&self) -> CoreLoadSnapshot {

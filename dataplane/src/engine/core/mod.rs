@@ -14,6 +14,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use super::load::PassLoad;
 use super::*;
 use inflight::ActiveBatch;
 use poll::PollWindow;
@@ -95,9 +96,6 @@ pub(super) struct CoreEngine {
     /// Origin of probe timestamps.
     clock: std::time::Instant,
     poll: PollWindow,
-    /// Passes after a [`COMPLETIONS_RECHECK`] wake-up that found
-    /// completions the completion fd had not woken the core for.
-    late_completions: u64,
     stopping: bool,
 }
 
@@ -142,7 +140,6 @@ impl CoreEngine {
             verify_chunks: config.verify_chunks,
             clock: std::time::Instant::now(),
             poll: PollWindow::new(config.poll_window, pollers),
-            late_completions: 0,
             stopping: false,
         }
     }
@@ -184,12 +181,11 @@ impl CoreEngine {
             }
             self.finish_detaches();
             let active = self.active.len() - self.active_free.len();
-            self.load.store(CoreLoadSnapshot {
+            self.load.store(PassLoad {
                 batches: self.waiting_count() + active,
                 batches_to_push: self.to_push.iter().map(VecDeque::len).sum(),
                 reads_at_device: self.queue.in_flight() as usize,
                 bulk_bytes_at_device: self.bulk_in_flight_bytes,
-                completions_found_late: self.late_completions,
             });
             let in_flight = self.queue.in_flight() > 0;
             if self.stopping && !in_flight && self.active_free.len() == self.active.len() {
@@ -288,13 +284,13 @@ impl CoreEngine {
     /// and every thousandth after, a warning (a wake-up lost between the
     /// kernel and the event loop, or a device slower than
     /// [`COMPLETIONS_RECHECK`]), else a debug line.
-    fn completion_found_late(&mut self, reaped: usize) {
-        self.late_completions += 1;
-        if self.late_completions % 1000 == 1 {
+    fn completion_found_late(&self, reaped: usize) {
+        let times = self.load.completions_found_late();
+        if times % 1000 == 1 {
             tracing::warn!(
                 core = self.id,
                 reaped,
-                times = self.late_completions,
+                times,
                 "completions found by the {COMPLETIONS_RECHECK:?} recheck, not announced by the queue's fd"
             );
         } else {
