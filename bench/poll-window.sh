@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The client's poll window (SLUICE_POLL_WINDOW_US) side by side: one node,
 # one 64 MiB dataset, 4 KiB random reads, each window in turn ROUNDS times
-# for SECONDS each, then each window's median IOPS and batch p50. Needs
+# for SECONDS each, then each window's median IOPS and batch p50. Each
+# round starts one window later than the last, so that no window is
+# always measured first (on a 2-vCPU VM the run after another read ~7 %
+# more at QD 1 whatever it ran, bench/ab.sh's reason to alternate). Needs
 # `cargo build --release --bin sluiced --bin sluicectl`.
 # IO_MODE=buffered (default: page cache) or direct (O_DIRECT).
 #
@@ -26,8 +29,10 @@ median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
 read_once 50 1 >/dev/null # warm the node and the page cache
 declare -A IOPS P50
+read -ra ORDER <<<"$WINDOWS"
 for round in $(seq "$ROUNDS"); do
-    for w in $WINDOWS; do
+    for i in "${!ORDER[@]}"; do
+        w=${ORDER[$(((i + round - 1) % ${#ORDER[@]}))]}
         out=$(read_once "$w" "$SECONDS_EACH")
         iops=$(sed 's/.*"iops":\([0-9.]*\).*/\1/' <<<"$out")
         p50=$(sed 's/.*"batch_latency_us_p50":\([0-9]*\).*/\1/' <<<"$out")
