@@ -44,6 +44,9 @@ pub const BATCH: usize = 32;
 const CRC_FUNCTION: &str = "sluice_dataplane::blocks::block_crc";
 /// The C allocator's entry points: a call of any is one heap allocation.
 const ALLOCATORS: [&str; 6] = ["malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"];
+/// Where an event loop waits (tokio's, through mio): a call is one wait,
+/// whether it slept, found events ready or was interrupted.
+const EVENT_LOOP_WAIT: [&str; 1] = ["epoll_wait"];
 
 /// Where the counted reads come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -87,12 +90,18 @@ pub struct InstructionCount {
     pub allocations_small: u64,
     pub allocations_large: u64,
     pub allocations_per_batch: f64,
+    /// Calls of `epoll_wait` in the node per batch of `BATCH` more: the
+    /// turns its event loops took to wait, the difference between the
+    /// two [`Source`]s' counts (nearly all of them the core's: the
+    /// control side waits the same in both runs).
+    pub waits_per_batch: f64,
 }
 
 /// One callgrind run's totals.
 struct Totals {
     instructions: u64,
     allocations: u64,
+    waits: u64,
 }
 
 /// Where a count's runs take place: a node's data directory, kept aside
@@ -143,6 +152,7 @@ pub fn per_read(setup: &CountSetup, source: Source, batches: (u64, u64)) -> Resu
     let large_crc = run(batches.1, true)?;
     let (reads_small, reads_large) = (batches.0 * BATCH as u64, batches.1 * BATCH as u64);
     let per_read = |small: u64, large: u64| (large as f64 - small as f64) / (reads_large - reads_small) as f64;
+    let per_batch = |small: u64, large: u64| (large as f64 - small as f64) / (batches.1 - batches.0) as f64;
     let instructions_per_read = per_read(small.instructions, large.instructions);
     Ok(InstructionCount {
         source,
@@ -155,7 +165,8 @@ pub fn per_read(setup: &CountSetup, source: Source, batches: (u64, u64)) -> Resu
             - per_read(small_crc.instructions, large_crc.instructions),
         allocations_small: small.allocations,
         allocations_large: large.allocations,
-        allocations_per_batch: (large.allocations as f64 - small.allocations as f64) / (batches.1 - batches.0) as f64,
+        allocations_per_batch: per_batch(small.allocations, large.allocations),
+        waits_per_batch: per_batch(small.waits, large.waits),
     })
 }
 
@@ -201,7 +212,7 @@ fn run_once(setup: &CountSetup, source: Source, batches: u64, crc_only: bool) ->
         .find_map(|line| line.strip_prefix("totals:").or_else(|| line.strip_prefix("summary:")))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| format!("no totals in {}", out.display()))?;
-    Ok(Totals { instructions, allocations: calls_to(&text, &ALLOCATORS) })
+    Ok(Totals { instructions, allocations: calls_to(&text, &ALLOCATORS), waits: calls_to(&text, &EVENT_LOOP_WAIT) })
 }
 
 /// The name of one run's callgrind output: `callgrind.<io mode>.<batches>[.crc].out`.

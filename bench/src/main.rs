@@ -137,7 +137,8 @@ fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, St
         let count = callgrind::per_read(&setup, source, (small, large))?;
         println!(
             "{}:\n  {:.0} instructions per read: ({} - {}) instructions / ({} - {}) reads{}\n  \
-             {:.0} per read beside the block CRC32C; {:.3} heap allocations per batch ({} - {})",
+             {:.0} per read beside the block CRC32C; {:.3} heap allocations per batch ({} - {}); \
+             {:.1} event-loop waits (epoll_wait) per batch",
             source.describe(),
             count.instructions_per_read,
             count.instructions_large,
@@ -149,6 +150,7 @@ fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, St
             count.allocations_per_batch,
             count.allocations_large,
             count.allocations_small,
+            count.waits_per_batch,
         );
     }
     Ok(work.join(callgrind::output_name(Source::Device, large, false)))

@@ -122,7 +122,11 @@ fn instruction_paragraph(count: &Result<InstructionCount, String>) -> String {
          each 4 KiB block read: {:.0} a block under callgrind, which runs `crc-fast`'s SSE code, not the AVX-512 \
          code a core with it runs).\n\n\
          {:.3} heap allocations per batch on the node: ({} − {}) calls of the C allocator in the same two \
-         runs, over {} batches more (start-up differs by a few allocations from run to run).\n\n",
+         runs, over {} batches more (start-up differs by a few allocations from run to run).\n\n\
+         {:.1} calls of `epoll_wait` per batch on the node: its event loops' waits, each a sleep, a look at \
+         what was ready or a wake-up by a signal (`EINTR`). Reads at the device complete apart, and each group \
+         costs the core's loop more waits and a pass of its own: that, and not another path, is what the \
+         `O_DIRECT` count adds to the page cache's.\n\n",
         count.source.describe(),
         count.instructions_per_read,
         count.instructions_large,
@@ -135,6 +139,7 @@ fn instruction_paragraph(count: &Result<InstructionCount, String>) -> String {
         count.allocations_large,
         count.allocations_small,
         (count.reads_large - count.reads_small) / crate::callgrind::BATCH as u64,
+        count.waits_per_batch,
     )
 }
 
@@ -421,6 +426,7 @@ mod tests {
             allocations_small: 0,
             allocations_large: 0,
             allocations_per_batch: 0.0,
+            waits_per_batch: 2.0,
         }
     }
 
