@@ -383,10 +383,9 @@ fn cold_namespace(driver: &UringDriver, dir: &std::path::Path, data: &[u8]) -> A
     ns.write_at(0, data).expect("write");
     ns.sync().expect("sync");
     let file = std::fs::File::open(&path).expect("open");
-    // SAFETY: plain syscall on an fd this function owns.
-    let advised =
-        unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(advised, 0, "posix_fadvise");
+    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+    posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+        .expect("posix_fadvise");
     ns
 }
 
@@ -397,13 +396,8 @@ fn cold_namespace(driver: &UringDriver, dir: &std::path::Path, data: &[u8]) -> A
 fn device_backed_tempdir() -> Option<tempfile::TempDir> {
     [std::env::temp_dir(), std::path::PathBuf::from("/var/tmp")].into_iter().find_map(|parent| {
         let dir = tempfile::tempdir_in(&parent).ok()?;
-        let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: `statfs` writes into the zeroed struct it is given and
-        // reads the NUL-terminated path, both alive across the call.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let rc = unsafe { libc::statfs(path.as_ptr(), &mut fs) };
-        (rc == 0 && fs.f_type != libc::TMPFS_MAGIC).then_some(dir)
+        let fs = nix::sys::statfs::statfs(dir.path()).ok()?;
+        (fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC).then_some(dir)
     })
 }
 
