@@ -91,9 +91,9 @@ pub struct InstructionCount {
     pub allocations_large: u64,
     pub allocations_per_batch: f64,
     /// Calls of `epoll_wait` in the node per batch of `BATCH` more: the
-    /// turns its event loops took to wait, the difference between the
-    /// two [`Source`]s' counts (nearly all of them the core's: the
-    /// control side waits the same in both runs).
+    /// turns its event loops took to wait (nearly all of them the core's:
+    /// the control side waits about the same in both runs). What the
+    /// `O_DIRECT` count has more of than the page-cache count.
     pub waits_per_batch: f64,
 }
 

@@ -173,9 +173,6 @@ pub struct UringQueue {
     /// The arena is registered as fixed buffer 0 when the kernel allowed it.
     fixed_buffer: Option<(usize, usize)>,
     fixed_files: bool,
-    /// Set up with one issuer and cooperative completion work (no
-    /// interrupt of the core for each completion while it runs).
-    cooperative: bool,
     /// Per namespace index: the raw fd, and whether it is a fixed file.
     files: Vec<Option<(std::os::fd::RawFd, bool)>>,
 }
@@ -185,11 +182,12 @@ impl UringQueue {
         let depth = depth.clamp(1, 4096).next_power_of_two();
         // A kernel before 6.0 refuses these flags: it gets a plain ring,
         // and `describe` says so.
-        let cooperative = IoUring::builder().setup_single_issuer().setup_coop_taskrun().build(depth);
-        let (ring, cooperative) = match cooperative {
-            Ok(ring) => (ring, true),
-            Err(_) => (IoUring::new(depth).map_err(DriverError::RingSetup)?, false),
-        };
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .build(depth)
+            .or_else(|_| IoUring::new(depth))
+            .map_err(DriverError::RingSetup)?;
         let iovec = libc::iovec { iov_base: arena.base_ptr().cast(), iov_len: arena.len_bytes() };
         // SAFETY: the iovec covers the arena mapping, which outlives the ring
         // (the owning core drops its queue before its arena reference, and
@@ -202,16 +200,7 @@ impl UringQueue {
             }
         };
         let fixed_files = ring.submitter().register_files_sparse(FIXED_FILES_MAX).is_ok();
-        Ok(Self {
-            ring,
-            depth,
-            in_flight: 0,
-            unsubmitted: 0,
-            fixed_buffer,
-            fixed_files,
-            cooperative,
-            files: Vec::new(),
-        })
+        Ok(Self { ring, depth, in_flight: 0, unsubmitted: 0, fixed_buffer, fixed_files, files: Vec::new() })
     }
 
     pub(super) fn register_namespace(&mut self, index: u32, target: &IoTarget) {
@@ -332,7 +321,9 @@ impl UringQueue {
             self.depth,
             self.fixed_buffer.is_some(),
             self.fixed_files,
-            self.cooperative
+            // Asked for together with cooperative task work, so a ring
+            // that has the one has the other.
+            self.ring.params().is_setup_single_issuer()
         )
     }
 }
