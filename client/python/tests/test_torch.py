@@ -72,6 +72,28 @@ def test_an_epoch_splits_over_workers_and_ranks_exactly(node, records, num_worke
     assert per_rank[0] == alone
 
 
+def test_a_dataset_built_before_init_process_group_takes_the_launchers_rank(node, records, monkeypatch):
+    # torchrun sets RANK and WORLD_SIZE before the job initializes
+    # torch.distributed; a dataset built then must not read as rank 0 of 1.
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    launched = RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+    assert (launched.rank, launched.world_size) == (1, 2)
+    explicit = RecordDataset(node.endpoint, records, batch_size=6, seed=3, rank=1, world_size=2)
+    assert [numbers(b) for b in run(launched, 0)] == [numbers(b) for b in run(explicit, 0)]
+    # What is passed wins over the environment.
+    assert RecordDataset(node.endpoint, records, 6, 3, rank=0).rank == 0
+
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK='one'"):
+        RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    alone = RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+    assert (alone.rank, alone.world_size) == (0, 1)
+
+
 def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, tokens):
     def windows(num_workers):
         ds = WindowDataset(node.endpoint, "toks", window=16, batch_size=4, seed=9, samples_per_epoch=64)

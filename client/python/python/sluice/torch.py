@@ -18,6 +18,7 @@ See ``sluice.streams`` for the order, epochs and resume rules.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -31,12 +32,32 @@ __all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "loader_position"]
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return rank, world_size
+    """This process's rank and world size: those passed, else
+    ``torch.distributed``'s once it is initialized, else the launcher's
+    ``RANK`` and ``WORLD_SIZE`` (torchrun sets them before the job calls
+    ``init_process_group``), else rank 0 of 1.
+
+    Without the launcher's variables, a dataset built before
+    ``init_process_group`` would read as rank 0 of 1 on every rank: each
+    rank the same samples, and nothing to say so.
+    """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return rank or 0, world_size or 1
+        found = (dist.get_rank(), dist.get_world_size())
+    else:
+        found = (_launcher_int("RANK", 0), _launcher_int("WORLD_SIZE", 1))
+    return (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
+
+
+def _launcher_int(variable: str, default: int) -> int:
+    value = os.environ.get(variable)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{variable}={value!r} in the environment is not a number; "
+                         "pass rank= and world_size= to the dataset instead") from None
 
 
 class _Torch(IterableDataset):
