@@ -1,11 +1,23 @@
 //! Streaming index of WebDataset tar shards: members grouped into samples by
 //! key (the path up to the first dot of the file name), each sample one
 //! contiguous span of the shard, headers included, so a sample is one read.
+//!
+//! A member's path is its ustar name and prefix, unless a GNU long-name
+//! header (`L`) or a pax extended header (`x`, POSIX.1-2001) before it says
+//! otherwise. Python's `tarfile`, and so WebDataset's `TarWriter`, writes pax
+//! by default: a path longer than the ustar fields or with a character
+//! outside ASCII stands whole only in the pax header's `path` record (the
+//! ustar name is cut at 100 bytes, or has `?` for each such character). A
+//! pax `size` record likewise stands for a member too large for the ustar
+//! field.
 
 /// Tar block size.
 pub const BLOCK_BYTES: u64 = 512;
-/// Longest member name accepted (GNU long names included).
+/// Longest member name accepted (GNU long names and pax paths included).
 const NAME_BYTES_MAX: usize = 4096;
+/// Largest pax extended header accepted: its records (path, size, times,
+/// owner) take a few hundred bytes in practice.
+const PAX_BYTES_MAX: usize = 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TarError {
@@ -24,12 +36,29 @@ pub struct SampleSpan {
     pub members: u32,
 }
 
+/// What a header's data is to the index: the next member's path (a GNU
+/// long name), records that override the next member's path and size (a
+/// pax extended header), or nothing to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Extension {
+    LongName,
+    Pax,
+}
+
+/// Path and size a pax extended header gives the member after it.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct PaxOverrides {
+    path: Option<String>,
+    size: Option<u64>,
+}
+
 enum Phase {
     /// Expecting a header block.
     Header,
-    /// Inside a member's data (and padding): bytes left, and whether the data
-    /// is a GNU long name for the next header.
-    Data { left: u64, long_name: bool },
+    /// Inside a member's data (and padding): bytes left, and, where the data
+    /// describes the next header, what it is and how many of the bytes left
+    /// are its (the rest is padding).
+    Data { left: u64, extension: Option<(Extension, u64)> },
     /// Two zero blocks seen (or one, waiting for the second).
     End,
 }
@@ -39,8 +68,11 @@ pub struct TarIndexer {
     at: u64,
     phase: Phase,
     block: Vec<u8>,
-    long_name: Vec<u8>,
+    /// The data of the extension header being read.
+    extension: Vec<u8>,
+    /// Path and size that the extension headers read gave the next member.
     pending_name: Option<String>,
+    pending_size: Option<u64>,
     /// Start of the headers of the member being read (long-name and pax
     /// headers included).
     member_start: Option<u64>,
@@ -66,6 +98,44 @@ fn octal(field: &[u8]) -> Option<u64> {
 
 fn text(field: &[u8]) -> String {
     String::from_utf8_lossy(&field[..field.iter().position(|&b| b == 0).unwrap_or(field.len())]).into_owned()
+}
+
+/// The records of a pax extended header (`"<length> <key>=<value>\n"` each):
+/// the path and size they give the next member. Other keys (times, owner,
+/// charset) are nothing to the index.
+fn pax_overrides(data: &[u8]) -> Result<PaxOverrides, &'static str> {
+    let mut overrides = PaxOverrides::default();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let space = rest.iter().position(|&b| b == b' ').ok_or("pax record without a length")?;
+        let len: usize = std::str::from_utf8(&rest[..space])
+            .ok()
+            .and_then(|digits| digits.parse().ok())
+            .ok_or("pax record length is not a number")?;
+        if len <= space + 1 || len > rest.len() || rest[len - 1] != b'\n' {
+            return Err("pax record length does not match its record");
+        }
+        let record = &rest[space + 1..len - 1];
+        let equals = record.iter().position(|&b| b == b'=').ok_or("pax record without '='")?;
+        let (key, value) = (&record[..equals], &record[equals + 1..]);
+        match key {
+            b"path" if value.len() > NAME_BYTES_MAX => return Err("pax path too long"),
+            b"path" => overrides.path = Some(String::from_utf8_lossy(value).into_owned()),
+            b"size" => {
+                let size = std::str::from_utf8(value).ok().and_then(|digits| digits.parse().ok());
+                overrides.size = Some(size.ok_or("pax size is not a number")?);
+            }
+            _ => {}
+        }
+        rest = &rest[len..];
+    }
+    Ok(overrides)
+}
+
+/// A member's data size padded to whole blocks, or `None` where that
+/// overflows (only a pax `size` can be that large).
+fn padded_len(size: u64) -> Option<u64> {
+    size.checked_next_multiple_of(BLOCK_BYTES)
 }
 
 /// A header's member path: ustar prefix and name.
@@ -96,8 +166,9 @@ impl TarIndexer {
             at: 0,
             phase: Phase::Header,
             block: Vec::with_capacity(BLOCK_BYTES as usize),
-            long_name: Vec::new(),
+            extension: Vec::new(),
             pending_name: None,
+            pending_size: None,
             member_start: None,
             current: None,
             done: Vec::new(),
@@ -109,21 +180,19 @@ impl TarIndexer {
     pub fn push(&mut self, mut bytes: &[u8]) -> Result<(), TarError> {
         while !bytes.is_empty() {
             match &mut self.phase {
-                Phase::Data { left, long_name } => {
+                Phase::Data { left, extension } => {
                     let take = (*left).min(bytes.len() as u64) as usize;
-                    if *long_name {
-                        self.long_name.extend_from_slice(&bytes[..take]);
-                        if self.long_name.len() > NAME_BYTES_MAX + BLOCK_BYTES as usize {
-                            return Err(TarError::Header { at: self.at, what: "long name too long".into() });
-                        }
+                    if let Some((_, kept_left)) = extension {
+                        let keep = (*kept_left).min(take as u64) as usize;
+                        self.extension.extend_from_slice(&bytes[..keep]);
+                        *kept_left -= keep as u64;
                     }
                     *left -= take as u64;
                     self.at += take as u64;
                     bytes = &bytes[take..];
                     if *left == 0 {
-                        if *long_name {
-                            self.pending_name = Some(text(&self.long_name));
-                            self.long_name.clear();
+                        if let Some((kind, _)) = *extension {
+                            self.end_extension(kind)?;
                         }
                         self.phase = Phase::Header;
                     }
@@ -163,26 +232,59 @@ impl TarIndexer {
             return Err(bad("checksum mismatch: not a tar shard"));
         }
         let size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
-        let padded = size.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         let typeflag = block[156];
         self.member_start.get_or_insert(start);
-        match typeflag {
-            b'L' => {
-                if size as usize > NAME_BYTES_MAX {
-                    return Err(bad("long name too long"));
-                }
-                self.phase = Phase::Data { left: padded, long_name: true };
-                return Ok(());
-            }
-            b'x' | b'g' => {
-                self.phase = if padded > 0 { Phase::Data { left: padded, long_name: false } } else { Phase::Header };
-                return Ok(());
-            }
-            _ => {}
+        let extension = match typeflag {
+            b'L' if size > NAME_BYTES_MAX as u64 => return Err(bad("long name too long")),
+            b'x' if size > PAX_BYTES_MAX as u64 => return Err(bad("pax header too long")),
+            b'L' => Some(Extension::LongName),
+            b'x' => Some(Extension::Pax),
+            // A long link name, or a global pax header (nothing in it
+            // names one member): skipped like data.
+            b'K' | b'g' => None,
+            _ => return self.member(block, start, size),
+        };
+        let padded = padded_len(size).ok_or_else(|| bad("size too large"))?;
+        if padded > 0 {
+            self.phase = Phase::Data { left: padded, extension: extension.map(|kind| (kind, size)) };
+        } else if let Some(kind) = extension {
+            self.end_extension(kind)?;
         }
+        Ok(())
+    }
+
+    /// Takes what the extension header just read says of the next member.
+    fn end_extension(&mut self, kind: Extension) -> Result<(), TarError> {
+        let data = std::mem::take(&mut self.extension);
+        match kind {
+            Extension::LongName if data.first().is_some_and(|&b| b != 0) => self.pending_name = Some(text(&data)),
+            Extension::LongName => {}
+            Extension::Pax => {
+                let overrides =
+                    pax_overrides(&data).map_err(|what| TarError::Header { at: self.at, what: what.to_string() })?;
+                if let Some(path) = overrides.path {
+                    self.pending_name = Some(path);
+                }
+                if let Some(size) = overrides.size {
+                    self.pending_size = Some(size);
+                }
+            }
+        }
+        self.extension = data;
+        self.extension.clear();
+        Ok(())
+    }
+
+    /// A member's own header: a regular file's joins its sample or starts
+    /// the next; any other (a directory, a link) is skipped.
+    fn member(&mut self, block: &[u8], start: u64, size: u64) -> Result<(), TarError> {
+        let typeflag = block[156];
+        let size = self.pending_size.take().unwrap_or(size);
+        let padded = padded_len(size).ok_or_else(|| TarError::Header { at: start, what: "size too large".into() })?;
         let name = self.pending_name.take().unwrap_or_else(|| header_name(block));
         let member_start = self.member_start.take().unwrap_or(start);
-        let end = self.at + padded;
+        let end =
+            self.at.checked_add(padded).ok_or_else(|| TarError::Header { at: start, what: "size too large".into() })?;
         if matches!(typeflag, b'0' | 0 | b'7') {
             let (key, _) = sample_key(&name);
             match &mut self.current {
@@ -203,7 +305,7 @@ impl TarIndexer {
                 }
             }
         }
-        self.phase = if padded > 0 { Phase::Data { left: padded, long_name: false } } else { Phase::Header };
+        self.phase = if padded > 0 { Phase::Data { left: padded, extension: None } } else { Phase::Header };
         Ok(())
     }
 
@@ -240,28 +342,39 @@ pub type KeyedMember<'a> = (String, String, &'a [u8]);
 pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
     let mut out = Vec::new();
     let mut at = 0usize;
-    let mut long_name: Option<String> = None;
+    let mut pending_name: Option<String> = None;
+    let mut pending_size: Option<u64> = None;
     while at + BLOCK_BYTES as usize <= span.len() {
         let block = &span[at..at + BLOCK_BYTES as usize];
         if block.iter().all(|&b| b == 0) {
             break;
         }
-        let size = octal(&block[124..136])
-            .ok_or_else(|| TarError::Header { at: at as u64, what: "size is not octal".into() })?
-            as usize;
+        let bad = |what: &str| TarError::Header { at: at as u64, what: what.to_string() };
+        let typeflag = block[156];
+        let size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
+        let size =
+            if matches!(typeflag, b'L' | b'x' | b'K' | b'g') { size } else { pending_size.take().unwrap_or(size) };
         let data_start = at + BLOCK_BYTES as usize;
-        let data = span.get(data_start..data_start + size).ok_or(TarError::Truncated(at as u64))?;
-        match block[156] {
-            b'L' => long_name = Some(text(data)),
-            b'x' | b'g' => {}
+        let data = usize::try_from(size)
+            .ok()
+            .and_then(|size| span.get(data_start..data_start.checked_add(size)?))
+            .ok_or(TarError::Truncated(at as u64))?;
+        match typeflag {
+            b'L' if data.first().is_some_and(|&b| b != 0) => pending_name = Some(text(data)),
+            b'x' => {
+                let overrides = pax_overrides(data).map_err(bad)?;
+                pending_name = overrides.path.or(pending_name);
+                pending_size = overrides.size.or(pending_size);
+            }
+            b'L' | b'K' | b'g' => {}
             b'0' | 0 | b'7' => {
-                let name = long_name.take().unwrap_or_else(|| header_name(block));
+                let name = pending_name.take().unwrap_or_else(|| header_name(block));
                 let (key, suffix) = sample_key(&name);
                 out.push((key.to_string(), suffix.to_string(), data));
             }
-            _ => {}
+            _ => pending_name = None,
         }
-        at = data_start + size.div_ceil(BLOCK_BYTES as usize) * BLOCK_BYTES as usize;
+        at = data_start + data.len().next_multiple_of(BLOCK_BYTES as usize);
     }
     Ok(out)
 }
@@ -270,23 +383,30 @@ pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
 pub fn write_tar(members: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, data) in members {
-        let mut header = [0u8; 512];
-        header[..name.len()].copy_from_slice(name.as_bytes());
-        header[100..107].copy_from_slice(b"0000644");
-        header[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
-        header[136..147].copy_from_slice(b"00000000000");
-        header[156] = b'0';
-        header[257..263].copy_from_slice(b"ustar\0");
-        header[263..265].copy_from_slice(b"00");
-        header[148..156].copy_from_slice(b"        ");
-        let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
-        header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend_from_slice(&header);
-        out.extend_from_slice(data);
-        out.resize(out.len().next_multiple_of(512), 0);
+        append_member(&mut out, name.as_bytes(), b'0', data);
     }
     out.extend_from_slice(&[0u8; 1024]);
     out
+}
+
+/// Appends one member (header, data, padding) to `out`; `name` is cut to the
+/// ustar name field's 100 bytes.
+fn append_member(out: &mut Vec<u8>, name: &[u8], typeflag: u8, data: &[u8]) {
+    let mut header = [0u8; 512];
+    let name = &name[..name.len().min(100)];
+    header[..name.len()].copy_from_slice(name);
+    header[100..107].copy_from_slice(b"0000644");
+    header[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+    header[136..147].copy_from_slice(b"00000000000");
+    header[156] = typeflag;
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+    header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(data);
+    out.resize(out.len().next_multiple_of(512), 0);
 }
 
 #[cfg(test)]
@@ -325,6 +445,131 @@ mod tests {
                 vec![("jpg".into(), &[9u8; 700][..]), ("json".into(), &b"{}"[..]), ("cls".into(), &b"4"[..])];
             assert_eq!(got, want);
         }
+    }
+
+    /// One pax record, `"<length> <key>=<value>\n"`, its length counting
+    /// its own digits.
+    fn pax_record(key: &str, value: &str) -> String {
+        let body = format!(" {key}={value}\n");
+        let mut len = body.len() + 1;
+        while len.to_string().len() + body.len() > len {
+            len += 1;
+        }
+        format!("{len}{body}")
+    }
+
+    /// A shard as Python's `tarfile` writes one (pax, its default): each
+    /// member after a pax header holding its whole path, its ustar name the
+    /// path with `?` for each character outside ASCII, cut at 100 bytes.
+    fn write_pax_tar(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (path, data) in members {
+            let records = pax_record("mtime", "1733500000.25") + &pax_record("path", path);
+            append_member(&mut out, b"././@PaxHeader", b'x', records.as_bytes());
+            let ascii: String = path.chars().map(|c| if c.is_ascii() { c } else { '?' }).collect();
+            append_member(&mut out, ascii.as_bytes(), b'0', data);
+        }
+        out.extend_from_slice(&[0u8; 1024]);
+        out
+    }
+
+    fn index_in_pieces(shard: &[u8], piece: usize) -> Vec<SampleSpan> {
+        let mut indexer = TarIndexer::new();
+        for part in shard.chunks(piece) {
+            indexer.push(part).expect("push");
+        }
+        indexer.finish().expect("finish")
+    }
+
+    fn span<'a>(shard: &'a [u8], sample: &SampleSpan) -> &'a [u8] {
+        &shard[sample.offset_bytes as usize..(sample.offset_bytes + sample.len_bytes) as usize]
+    }
+
+    /// Paths that only a pax header holds whole (longer than the ustar
+    /// name, or beyond ASCII) key their samples by the whole path, as
+    /// WebDataset's reader (Python's `tarfile`) keys them.
+    #[test]
+    fn pax_paths_key_the_samples() {
+        let long = format!("laion/{}/000001", "part-0000123/".repeat(9));
+        assert!(long.len() > 100);
+        let shard = write_pax_tar(&[
+            (&format!("{long}.jpg"), b"JPEG"),
+            (&format!("{long}.cls"), b"7"),
+            ("données/0002.txt", b"deux"),
+            ("données/0002.cls", b"2"),
+            ("donnees/0002.txt", b"two"),
+        ]);
+        for piece in [1, 7, 512, 100_000] {
+            let samples = index_in_pieces(&shard, piece);
+            let keys: Vec<(&str, u32)> = samples.iter().map(|s| (s.key.as_str(), s.members)).collect();
+            assert_eq!(keys, [(long.as_str(), 2), ("données/0002", 2), ("donnees/0002", 1)]);
+            assert_eq!(samples[0].offset_bytes, 0, "a sample starts at its first member's pax header");
+            let members = keyed_members(span(&shard, &samples[0])).expect("members");
+            let want: Vec<KeyedMember<'_>> =
+                vec![(long.clone(), "jpg".into(), &b"JPEG"[..]), (long.clone(), "cls".into(), &b"7"[..])];
+            assert_eq!(members, want);
+            let members = keyed_members(span(&shard, &samples[1])).expect("members");
+            assert_eq!(members[0], ("données/0002".to_string(), "txt".to_string(), &b"deux"[..]));
+        }
+
+        // GNU tar's long names, as before.
+        let mut gnu = Vec::new();
+        append_member(&mut gnu, b"././@LongLink", b'L', format!("{long}.txt\0").as_bytes());
+        append_member(&mut gnu, long.as_bytes(), b'0', b"text");
+        gnu.extend_from_slice(&[0u8; 1024]);
+        let samples = index_in_pieces(&gnu, 512);
+        assert_eq!((samples[0].key.as_str(), samples[0].members), (long.as_str(), 1));
+        assert_eq!(keyed_members(span(&gnu, &samples[0])).expect("members")[0].1, "txt");
+    }
+
+    /// A pax `size` stands for the ustar size field (which a member over
+    /// 8 GiB cannot fill); one that cannot be a size is refused.
+    #[test]
+    fn pax_sizes_stand_for_the_ustar_size() {
+        let data = [5u8; 700];
+        let mut shard = Vec::new();
+        append_member(&mut shard, b"././@PaxHeader", b'x', pax_record("size", "700").as_bytes());
+        let at = shard.len();
+        append_member(&mut shard, b"k.bin", b'0', &data);
+        // The ustar field says 0, as a writer says for a size it cannot hold.
+        shard[at + 124..at + 135].copy_from_slice(b"00000000000");
+        shard[at + 148..at + 156].copy_from_slice(b"        ");
+        let sum: u32 = shard[at..at + 512].iter().map(|&b| u32::from(b)).sum();
+        shard[at + 148..at + 155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        append_member(&mut shard, b"l.bin", b'0', b"next");
+        shard.extend_from_slice(&[0u8; 1024]);
+
+        let samples = index_in_pieces(&shard, 100);
+        assert_eq!(samples.len(), 2, "the 700 bytes are data, not headers");
+        assert_eq!(samples[0].len_bytes, 512 * 3 + 1024, "pax header and its records, header, data");
+        assert_eq!(keyed_members(span(&shard, &samples[0])).expect("members")[0].2, &data[..]);
+        assert_eq!(keyed_members(span(&shard, &samples[1])).expect("members")[0].2, b"next");
+
+        for records in [pax_record("size", "18446744073709551615"), pax_record("size", "many")] {
+            let mut shard = Vec::new();
+            append_member(&mut shard, b"././@PaxHeader", b'x', records.as_bytes());
+            append_member(&mut shard, b"k.bin", b'0', b"x");
+            let mut indexer = TarIndexer::new();
+            let pushed = indexer.push(&shard).and_then(|()| indexer.finish().map(drop));
+            assert!(pushed.is_err(), "{records:?} accepted");
+            assert!(keyed_members(&shard).is_err(), "{records:?} accepted by the splitter");
+        }
+    }
+
+    /// Pax records whose lengths do not match them are refused, not read
+    /// past.
+    #[test]
+    fn refuses_malformed_pax_records() {
+        for records in ["30 path=short\n", "9 path=x", "x path=y\n", "12 pathnoeq\n", "3 \n"] {
+            assert!(pax_overrides(records.as_bytes()).is_err(), "{records:?} accepted");
+            let mut shard = Vec::new();
+            append_member(&mut shard, b"././@PaxHeader", b'x', records.as_bytes());
+            append_member(&mut shard, b"k.bin", b'0', b"x");
+            assert!(TarIndexer::new().push(&shard).is_err(), "{records:?} indexed");
+        }
+        let fine = pax_record("path", "a/b.c") + &pax_record("uname", "root");
+        let want = PaxOverrides { path: Some("a/b.c".into()), size: None };
+        assert_eq!(pax_overrides(fine.as_bytes()), Ok(want));
     }
 
     /// A cut-off shard and a non-tar file are refused.

@@ -195,7 +195,7 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
     for shard in range(3):
         path = tmp_path / f"shard-{shard:03}.tar"
         with webdataset.TarWriter(str(path)) as sink:
-            for _ in range(20):
+            for _ in range(21):
                 key = f"s{shard}/{rng.getrandbits(40):010x}"
                 sample = {"__key__": key, "txt": "é" * rng.randrange(0, 50), "cls": str(rng.randrange(10)),
                           "json": json.dumps({"n": rng.random()})}
@@ -204,6 +204,11 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
                 if rng.random() < 0.2:
                     sample["big.bin"] = rng.randbytes(300_000)
                 sink.write(sample)
+            # Keys only a pax header holds whole (tarfile's default format):
+            # past the ustar name's 100 bytes, and beyond ASCII.
+            sink.write({"__key__": f"s{shard}/" + "deep-directory/" * 8 + "000001", "txt": "long", "cls": "1"})
+            sink.write({"__key__": f"s{shard}/données-{shard}", "txt": "accents", "cls": "2"})
+            sink.write({"__key__": f"s{shard}/donn?es-{shard}", "txt": "ascii", "cls": "3"})
         shards.append(path)
     node.ctl("dataset", "create", "wds", "--kind", "wds")
     for path in shards:
@@ -213,6 +218,7 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
     expected = {}
     for sample in webdataset.WebDataset([str(p) for p in shards], shardshuffle=False):
         expected[sample["__key__"]] = {k: v for k, v in sample.items() if not k.startswith("__")}
+    assert len(expected) == 3 * 24
     got = {}
     for batch in run(WdsDataset(node.endpoint, "wds", batch_size=4, seed=2), 2, "fork"):
         for sample in batch:
