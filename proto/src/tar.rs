@@ -77,6 +77,9 @@ pub struct TarIndexer {
     /// headers included).
     member_start: Option<u64>,
     current: Option<SampleSpan>,
+    /// The extensions (lowercased) of the current sample's members: one
+    /// sample cannot hold two members of one extension.
+    current_extensions: Vec<String>,
     done: Vec<SampleSpan>,
     zero_blocks: u32,
 }
@@ -150,14 +153,34 @@ fn header_name(block: &[u8]) -> String {
     }
 }
 
-/// The WebDataset key of a member path: directory plus file name up to its
-/// first dot.
-pub fn sample_key(path: &str) -> (&str, &str) {
-    let base_start = path.rfind('/').map_or(0, |i| i + 1);
-    match path[base_start..].find('.') {
-        Some(dot) => (&path[..base_start + dot], &path[base_start + dot + 1..]),
-        None => (path, ""),
+/// How WebDataset takes a member path into a sample (the `webdataset`
+/// package's `tar_file_iterator` and `base_plus_ext`): its key and its
+/// extension, or `None` for a member WebDataset passes over, metadata named
+/// `__…__` at the top of the shard, or a file name with no extension.
+///
+/// The key is the path up to the first dot of the file name. A file name
+/// that starts with its dot (`dir/.hidden`) keys by its directories, where
+/// WebDataset's pattern allows that. Readers lowercase the extension, as
+/// WebDataset does by default.
+pub fn sample_key(path: &str) -> Option<(&str, &str)> {
+    let first = path.split('/').next().unwrap_or(path);
+    let metadata = first.starts_with("__") && first.ends_with("__") && (first.len() >= 4 || first == path);
+    if metadata {
+        return None;
     }
+    let base_start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = base_start + path[base_start..].find('.')?;
+    if dot > base_start {
+        return Some((&path[..dot], &path[dot + 1..]));
+    }
+    // WebDataset's pattern, `^((?:.*/|)[^.]+)[.]([^/]*)$`, then needs
+    // dot-free characters before the file name, after a `/` or the start.
+    let dirs = &path[..base_start];
+    let keyed = match dirs.rfind('.') {
+        None => !dirs.is_empty(),
+        Some(last_dot) => dirs[last_dot..dirs.len() - 1].contains('/'),
+    };
+    keyed.then(|| (dirs, &path[dot + 1..]))
 }
 
 impl TarIndexer {
@@ -171,6 +194,7 @@ impl TarIndexer {
             pending_size: None,
             member_start: None,
             current: None,
+            current_extensions: Vec::new(),
             done: Vec::new(),
             zero_blocks: 0,
         }
@@ -285,10 +309,17 @@ impl TarIndexer {
         let member_start = self.member_start.take().unwrap_or(start);
         let end =
             self.at.checked_add(padded).ok_or_else(|| TarError::Header { at: start, what: "size too large".into() })?;
-        if matches!(typeflag, b'0' | 0 | b'7') {
-            let (key, _) = sample_key(&name);
+        let regular = matches!(typeflag, b'0' | 0 | b'7');
+        if let Some((key, extension)) = sample_key(&name).filter(|_| regular) {
+            let extension = extension.to_lowercase();
             match &mut self.current {
                 Some(sample) if sample.key == key => {
+                    if self.current_extensions.contains(&extension) {
+                        return Err(TarError::Header {
+                            at: start,
+                            what: format!("sample {key:?} has two members with the extension {extension:?}"),
+                        });
+                    }
                     sample.len_bytes = end - sample.offset_bytes;
                     sample.members += 1;
                 }
@@ -296,6 +327,7 @@ impl TarIndexer {
                     if let Some(sample) = self.current.take() {
                         self.done.push(sample);
                     }
+                    self.current_extensions.clear();
                     self.current = Some(SampleSpan {
                         key: key.to_string(),
                         offset_bytes: member_start,
@@ -304,6 +336,7 @@ impl TarIndexer {
                     });
                 }
             }
+            self.current_extensions.push(extension);
         }
         self.phase = if padded > 0 { Phase::Data { left: padded, extension: None } } else { Phase::Header };
         Ok(())
@@ -337,8 +370,9 @@ pub fn members(span: &[u8]) -> Result<Vec<(String, &[u8])>, TarError> {
 pub type KeyedMember<'a> = (String, String, &'a [u8]);
 
 /// Splits a sample span into `(key, member suffix, data)` per regular
-/// member, keyed as the indexer keyed them ([`sample_key`]): what a reader
-/// of a `wds` dataset turns into WebDataset's sample dicts.
+/// member that WebDataset takes, keyed as the indexer keyed them
+/// ([`sample_key`]) and the suffix lowercased: what a reader of a `wds`
+/// dataset turns into WebDataset's sample dicts.
 pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
     let mut out = Vec::new();
     let mut at = 0usize;
@@ -369,8 +403,9 @@ pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
             b'L' | b'K' | b'g' => {}
             b'0' | 0 | b'7' => {
                 let name = pending_name.take().unwrap_or_else(|| header_name(block));
-                let (key, suffix) = sample_key(&name);
-                out.push((key.to_string(), suffix.to_string(), data));
+                if let Some((key, suffix)) = sample_key(&name) {
+                    out.push((key.to_string(), suffix.to_lowercase(), data));
+                }
             }
             _ => pending_name = None,
         }
@@ -570,6 +605,41 @@ mod tests {
         let fine = pax_record("path", "a/b.c") + &pax_record("uname", "root");
         let want = PaxOverrides { path: Some("a/b.c".into()), size: None };
         assert_eq!(pax_overrides(fine.as_bytes()), Ok(want));
+    }
+
+    /// Keys and extensions as WebDataset's reader makes them: metadata
+    /// and names without an extension passed over, extensions lowercased,
+    /// a file name that starts with its dot keyed by its directories.
+    #[test]
+    fn keys_samples_as_webdataset_does() {
+        assert_eq!(sample_key("a/000.jpg"), Some(("a/000", "jpg")));
+        assert_eq!(sample_key("a.b/000.seg.png"), Some(("a.b/000", "seg.png")));
+        assert_eq!(sample_key("x/.hidden"), Some(("x/", "hidden")));
+        assert_eq!(sample_key("a.b/c/.h"), Some(("a.b/c/", "h")));
+        assert_eq!(sample_key("k."), Some(("k", "")));
+        for passed_over in ["README", "dir/LICENSE", ".hidden", "a.b/.h", "__index__", "__meta__/info.json", "___"] {
+            assert_eq!(sample_key(passed_over), None, "{passed_over}");
+        }
+        assert_eq!(sample_key("__key__.txt"), Some(("__key__", "txt")), "only a whole `__…__` name is metadata");
+
+        let shard = write_tar(&[
+            ("__meta__/info.json", b"{}"),
+            ("a/000.JPG", b"jpeg"),
+            ("README", b"not a sample"),
+            ("a/000.Cls", b"3"),
+            ("a/001.txt", b"one"),
+        ]);
+        let samples = index_in_pieces(&shard, 512);
+        let keys: Vec<(&str, u32)> = samples.iter().map(|s| (s.key.as_str(), s.members)).collect();
+        assert_eq!(keys, [("a/000", 2), ("a/001", 1)], "README inside a/000's span is not a member of it");
+        let members = keyed_members(span(&shard, &samples[0])).expect("members");
+        let suffixes: Vec<&str> = members.iter().map(|(_, suffix, _)| suffix.as_str()).collect();
+        assert_eq!(suffixes, ["jpg", "cls"]);
+
+        let twice = write_tar(&[("a/000.jpg", b"one"), ("a/000.JPG", b"two")]);
+        let mut indexer = TarIndexer::new();
+        let refused = indexer.push(&twice).expect_err("two .jpg members of one sample");
+        assert!(refused.to_string().contains("two members with the extension \"jpg\""), "{refused}");
     }
 
     /// A cut-off shard and a non-tar file are refused.

@@ -2,10 +2,12 @@
 resume through torchdata's StatefulDataLoader, fork and spawn, WebDataset
 interop, zero-copy reads, and the errors a job sees."""
 
+import io
 import json
 import random
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 
@@ -210,6 +212,17 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
             sink.write({"__key__": f"s{shard}/données-{shard}", "txt": "accents", "cls": "2"})
             sink.write({"__key__": f"s{shard}/donn?es-{shard}", "txt": "ascii", "cls": "3"})
         shards.append(path)
+    # Members WebDataset passes over (metadata, names without an extension)
+    # and extensions it lowercases, in a shard written by tarfile itself.
+    path = tmp_path / "shard-003.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("__meta__/info.json", b"{}"), ("x/0001.JPG", b"jpeg"), ("README", b"stray"),
+                           ("x/0001.Cls", b"1"), ("x/0002.txt", b"two"), ("x/.hidden", b"dot"),
+                           ("x/0003.TXT", b"three")]:
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    shards.append(path)
     node.ctl("dataset", "create", "wds", "--kind", "wds")
     for path in shards:
         node.ctl("dataset", "ingest", "wds", str(path))
@@ -218,7 +231,7 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
     expected = {}
     for sample in webdataset.WebDataset([str(p) for p in shards], shardshuffle=False):
         expected[sample["__key__"]] = {k: v for k, v in sample.items() if not k.startswith("__")}
-    assert len(expected) == 3 * 24
+    assert len(expected) == 3 * 24 + 4
     got = {}
     for batch in run(WdsDataset(node.endpoint, "wds", batch_size=4, seed=2), 2, "fork"):
         for sample in batch:
