@@ -47,5 +47,6 @@ def sample(span: bytes, decode: Union[None, str, Decoder] = None) -> Dict[str, A
             raise ValueError(f"a sample span holds two keys: {out['__key__']!r} and {key!r}")
         out[ext] = decode(ext, data) if decode is not None else data
     if "__key__" not in out:
-        raise ValueError("a sample span without a member")
+        raise ValueError("a sample span without a member WebDataset takes (a shard indexed before sluice passed "
+                         "over metadata and names without an extension: ingest it again)")
     return out
