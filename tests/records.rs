@@ -178,6 +178,13 @@ async fn webdataset_shards() {
     std::fs::write(&truncated, &whole[..2000]).expect("write");
     let out = node.ctl(&["dataset", "ingest", "shards", truncated.to_str().expect("p")]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("ends inside a member"), "{out:?}");
+    // A gzip-compressed shard (WebDataset's `.tar.gz`) says what it is.
+    let gzipped = dir.path().join("shard.tar.gz");
+    let mut gzip = vec![0x1f, 0x8b, 0x08, 0x00, 0, 0, 0, 0, 0, 0x03];
+    gzip.resize(4096, 0x5a);
+    std::fs::write(&gzipped, &gzip).expect("write");
+    let out = node.ctl(&["dataset", "ingest", "shards", gzipped.to_str().expect("p")]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gzip-compressed shard"), "{out:?}");
     node.ctl_ok(&["dataset", "seal", "shards"]);
 
     let client = Client::connect(&node.endpoint).await.expect("connect");

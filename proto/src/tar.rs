@@ -135,6 +135,19 @@ fn pax_overrides(data: &[u8]) -> Result<PaxOverrides, &'static str> {
     Ok(overrides)
 }
 
+/// What a shard that is not tar but starts with a compressor's magic bytes
+/// is: WebDataset reads such shards whole, but a sample of one is no byte
+/// range of it, so it must be decompressed before ingest.
+fn compression(first_block: &[u8]) -> Option<&'static str> {
+    const MAGIC: [(&[u8], &str); 4] = [
+        (b"\x1f\x8b", "a gzip-compressed shard: ingest the tar inside it (gunzip it first)"),
+        (b"\x28\xb5\x2f\xfd", "a zstd-compressed shard: ingest the tar inside it (zstd -d it first)"),
+        (b"BZh", "a bzip2-compressed shard: ingest the tar inside it (bunzip2 it first)"),
+        (b"\xfd7zXZ\x00", "an xz-compressed shard: ingest the tar inside it (unxz it first)"),
+    ];
+    MAGIC.iter().find(|(magic, _)| first_block.starts_with(magic)).map(|&(_, what)| what)
+}
+
 /// A member's data size padded to whole blocks, or `None` where that
 /// overflows (only a pax `size` can be that large).
 fn padded_len(size: u64) -> Option<u64> {
@@ -249,11 +262,13 @@ impl TarIndexer {
             return Err(TarError::Header { at: start, what: "data after the end-of-archive marker".into() });
         }
         let bad = |what: &str| TarError::Header { at: start, what: what.to_string() };
-        let stored: u64 = octal(&block[148..156]).ok_or_else(|| bad("checksum is not octal"))?;
+        // A shard's first block that is no tar header may be a compressed one.
+        let not_tar = |what: &'static str| bad(compression(block).filter(|_| start == 0).unwrap_or(what));
+        let stored: u64 = octal(&block[148..156]).ok_or_else(|| not_tar("checksum is not octal: not a tar shard"))?;
         let sum: u64 =
             block.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
         if stored != sum {
-            return Err(bad("checksum mismatch: not a tar shard"));
+            return Err(not_tar("checksum mismatch: not a tar shard"));
         }
         let size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
         let typeflag = block[156];
@@ -640,6 +655,21 @@ mod tests {
         let mut indexer = TarIndexer::new();
         let refused = indexer.push(&twice).expect_err("two .jpg members of one sample");
         assert!(refused.to_string().contains("two members with the extension \"jpg\""), "{refused}");
+    }
+
+    /// A compressed shard is refused with what it is and what to do.
+    #[test]
+    fn names_a_compressed_shard() {
+        let mut gzip = vec![0x1f, 0x8b, 8, 0];
+        gzip.resize(600, 7);
+        let refused = TarIndexer::new().push(&gzip).expect_err("gzip");
+        assert!(refused.to_string().contains("gzip-compressed shard"), "{refused}");
+        let mut zstd = vec![0x28, 0xb5, 0x2f, 0xfd];
+        zstd.resize(512, 0);
+        let refused = TarIndexer::new().push(&zstd).expect_err("zstd");
+        assert!(refused.to_string().contains("zstd-compressed"), "{refused}");
+        let refused = TarIndexer::new().push(&[b'x'; 512]).expect_err("text");
+        assert!(refused.to_string().contains("not a tar shard"), "{refused}");
     }
 
     /// A cut-off shard and a non-tar file are refused.
