@@ -96,6 +96,24 @@ def test_a_dataset_built_before_init_process_group_takes_the_launchers_rank(node
     assert (alone.rank, alone.world_size) == (0, 1)
 
 
+def test_persistent_workers_read_each_epoch_as_fresh_workers_do(node, records):
+    # A persistent worker keeps its copy of the dataset between epochs, so
+    # the main process's set_epoch never reaches it: it advances its own.
+    def fresh(epoch):
+        ds = RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+        ds.set_epoch(epoch)
+        return [numbers(b) for b in run(ds, 2, "fork")]
+
+    ds = RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+    epochs = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        epochs.append([numbers(b) for b in loader])
+    assert epochs[0] != epochs[1], "a new epoch, a new order"
+    assert epochs == [fresh(0), fresh(1), fresh(2)]
+
+
 def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, tokens):
     def windows(num_workers):
         ds = WindowDataset(node.endpoint, "toks", window=16, batch_size=4, seed=9, samples_per_epoch=64)

@@ -11,9 +11,12 @@ whatever ``W`` is, and no sample of an epoch is read twice or skipped.
 
 An iteration covers one epoch: the steps whose first sample falls in it
 (when ``samples_per_epoch`` is a multiple of ``G``, exactly the epoch's
-samples). In the process that iterates (``num_workers=0``) the epoch then
-advances by itself; DataLoader workers are copies, so with workers call
-``set_epoch`` before each epoch, as with ``DistributedSampler``.
+samples). The copy that read an epoch to its end then reads the next: the
+dataset itself with ``num_workers=0``, and each persistent worker's copy.
+Other DataLoader workers start each epoch from a fresh copy of the main
+process's dataset, so with workers call ``set_epoch`` before each epoch, as
+with ``DistributedSampler``; it is harmless with persistent workers, whose
+copies it does not reach.
 
 ``state_dict()`` names the next step. Inside a worker it is that worker's
 own next step; ``loader_position`` merges the workers' states of a
@@ -181,11 +184,11 @@ class _Stream:
             yield batch
         self._resume = None
         self._next_step = None
-        if workers == 1 and self._worker_process() is None:
-            self.epoch += 1
-
-    def _worker_process(self) -> Optional[Any]:
-        return None
+        # The copy that read the epoch reads the next one next: the dataset
+        # itself without workers, and a persistent worker's copy, which the
+        # main process's ``set_epoch`` never reaches. Other workers' copies
+        # end with their epoch.
+        self.epoch += 1
 
     def _next(self, loader: Any) -> Any:
         raise NotImplementedError

@@ -67,9 +67,6 @@ class _Torch(IterableDataset):
         info = get_worker_info()
         return (info.id, info.num_workers) if info is not None else (0, 1)
 
-    def _worker_process(self) -> Optional[Any]:
-        return get_worker_info()
-
 
 class WindowDataset(_Torch, streams.TokenWindows):
     """``(batch_size, window)`` tensors of the dataset's token dtype
