@@ -112,6 +112,7 @@ def test_persistent_workers_read_each_epoch_as_fresh_workers_do(node, records):
         epochs.append([numbers(b) for b in loader])
     assert epochs[0] != epochs[1], "a new epoch, a new order"
     assert epochs == [fresh(0), fresh(1), fresh(2)]
+    assert len(loader) == len(epochs[0]) == RECORDS // 6, "len() is the epoch's batches"
 
 
 def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, tokens):

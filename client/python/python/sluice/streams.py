@@ -147,6 +147,12 @@ class _Stream:
         first, end = self._epoch_steps(self.epoch)
         return end - first
 
+    def __len__(self) -> int:
+        """The current epoch's steps: the batches an iteration yields, so
+        ``len(DataLoader(ds, batch_size=None))`` works (progress bars,
+        learning-rate schedules). Asks the node, connecting if need be."""
+        return self.steps_per_epoch()
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads (from its start, unless a
         loaded state is inside it)."""
