@@ -261,6 +261,46 @@ def test_webdataset_shards_read_back_as_webdataset_reads_them(node, tmp_path):
     assert isinstance(decoded["txt"], str) and isinstance(decoded["cls"], int) and "n" in decoded["json"]
 
 
+def test_webdataset_image_decoders_decode_as_webdataset_does(node, tmp_path):
+    webdataset = need("webdataset")
+    image = need("PIL.Image")
+    rng = np.random.default_rng(6)
+    path = tmp_path / "images-000.tar"
+    with webdataset.TarWriter(str(path)) as sink:
+        for i in range(8):
+            png = io.BytesIO()
+            image.fromarray(rng.integers(0, 256, (5 + i, 7, 3), dtype=np.uint8)).save(png, "PNG")
+            sink.write({"__key__": f"img/{i:04}", "png": png.getvalue(), "cls": str(i), "json": json.dumps([i])})
+    node.ctl("dataset", "create", "images", "--kind", "wds")
+    node.ctl("dataset", "ingest", "images", str(path))
+    node.ctl("dataset", "seal", "images")
+
+    def plain(value):
+        # The DataLoader turns arrays into tensors; the pixels must agree.
+        if isinstance(value, torch.Tensor):
+            value = value.numpy()
+        if isinstance(value, image.Image):
+            return ("image", value.mode, value.size, np.asarray(value).tolist())
+        if isinstance(value, np.ndarray):
+            return ("array", str(value.dtype), value.tolist())
+        return value
+
+    for spec in ("rgb8", "l8", "torchrgb", "pil"):
+        expected = {}
+        for sample in webdataset.WebDataset(str(path), shardshuffle=False).decode(spec):
+            expected[sample["__key__"]] = {k: plain(v) for k, v in sample.items() if not k.startswith("__")}
+        got = {}
+        for batch in run(WdsDataset(node.endpoint, "images", batch_size=4, seed=1, decode=spec), 2, "spawn"):
+            for sample in batch:
+                key = sample.pop("__key__")
+                got[key] = {k: plain(v) for k, v in sample.items()}
+        assert got == expected, spec
+        assert isinstance(next(iter(got.values()))["cls"], int), "webdataset's default handlers run after the image's"
+
+    with pytest.raises(ValueError, match="unknown decoder 'jpeg2000'"):
+        WdsDataset(node.endpoint, "images", batch_size=4, seed=1, decode="jpeg2000")
+
+
 def test_read_into_fills_caller_buffers_byte_exact(node, tokens):
     ds = sluice.connect(node.endpoint).open("toks")
     raw = tokens.tobytes()

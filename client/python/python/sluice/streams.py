@@ -313,13 +313,16 @@ class WdsSamples(Records):
     """WebDataset samples of a ``wds`` dataset: each batch a list of dicts,
     ``{"__key__": key, ext: value, ...}`` as the ``webdataset`` package
     yields them; ``decode`` is ``None`` (bytes), ``"basic"`` (text, JSON,
-    class labels, ``.npy``) or a function ``(ext, bytes) -> value``."""
+    class labels, ``.npy``), a function ``(ext, bytes) -> value``, or one of
+    webdataset's image specs (``"pil"``, ``"rgb8"``, ``"torchrgb"``, ...),
+    decoding as ``WebDataset(...).decode(spec)`` does."""
 
     _kind = "wds"
 
     def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, *,
                  decode: Union[None, str, Any] = None, **kwargs: Any):
         super().__init__(endpoint, name, batch_size, seed, **kwargs)
+        wds.check_decode(decode)
         self.decode = decode
 
     def _make(self, dataset: Any) -> Any:
