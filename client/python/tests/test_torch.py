@@ -91,6 +91,9 @@ def test_a_dataset_built_before_init_process_group_takes_the_launchers_rank(node
     with pytest.raises(ValueError, match="RANK='one'"):
         RecordDataset(node.endpoint, records, batch_size=6, seed=3)
     monkeypatch.delenv("RANK")
+    with pytest.raises(ValueError, match="WORLD_SIZE is set in the environment but RANK is not"):
+        RecordDataset(node.endpoint, records, batch_size=6, seed=3)
+    assert RecordDataset(node.endpoint, records, 6, 3, rank=1).world_size == 2, "unless the missing one is passed"
     monkeypatch.delenv("WORLD_SIZE")
     alone = RecordDataset(node.endpoint, records, batch_size=6, seed=3)
     assert (alone.rank, alone.world_size) == (0, 1)

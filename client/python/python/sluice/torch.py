@@ -41,18 +41,27 @@ def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int
     ``init_process_group`` would read as rank 0 of 1 on every rank: each
     rank the same samples, and nothing to say so.
     """
+    if rank is not None and world_size is not None:
+        return rank, world_size
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         found = (dist.get_rank(), dist.get_world_size())
     else:
-        found = (_launcher_int("RANK", 0), _launcher_int("WORLD_SIZE", 1))
+        env_rank, env_world = _launcher_int("RANK"), _launcher_int("WORLD_SIZE")
+        # One without the other (and not passed) would leave every rank to
+        # guess: rank 0, or a world of 1.
+        if env_world is not None and env_rank is None and rank is None:
+            raise ValueError("WORLD_SIZE is set in the environment but RANK is not; pass rank= and world_size=")
+        if env_rank is not None and env_world is None and world_size is None:
+            raise ValueError("RANK is set in the environment but WORLD_SIZE is not; pass rank= and world_size=")
+        found = (env_rank or 0, 1 if env_world is None else env_world)
     return (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
 
 
-def _launcher_int(variable: str, default: int) -> int:
+def _launcher_int(variable: str) -> Optional[int]:
     value = os.environ.get(variable)
     if value is None or value == "":
-        return default
+        return None
     try:
         return int(value)
     except ValueError:
