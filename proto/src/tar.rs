@@ -36,9 +36,9 @@ pub struct SampleSpan {
     pub members: u32,
 }
 
-/// What a header's data is to the index: the next member's path (a GNU
-/// long name), records that override the next member's path and size (a
-/// pax extended header), or nothing to keep.
+/// A header whose data describes the next member: its path (a GNU long
+/// name), or records that override its path and size (a pax extended
+/// header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Extension {
     LongName,
