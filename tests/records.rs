@@ -143,6 +143,9 @@ async fn fixed_size_records() {
     let dataset = Arc::new(client.open("fixed").await.expect("open"));
     let index: Arc<[(u64, u64)]> = dataset.record_index().await.expect("index").into();
     assert_eq!(index.len(), 1000);
+    let empty = RecordLoaderConfig { samples_per_epoch: Some(0), ..config(50) };
+    let refused = RecordLoader::new(Arc::clone(&dataset), Arc::clone(&index), &empty).err();
+    assert!(matches!(refused, Some(LoaderError::EmptyEpoch)), "an epoch of no samples is refused");
     let mut loader = RecordLoader::new(dataset, index, &config(50)).expect("loader");
     let batch = loader.next_batch().await.expect("batch");
     for (i, &r) in batch.records.iter().enumerate() {

@@ -60,7 +60,7 @@ pub fn loader(err: LoaderError) -> PyErr {
         LoaderError::Client(err) => client(err),
         LoaderError::Kind(_) => WrongKind::new_err(message),
         LoaderError::WrongDataset { .. } | LoaderError::WrongSampler => StateMismatch::new_err(message),
-        LoaderError::Sampler(_) => PyValueError::new_err(message),
+        LoaderError::Sampler(_) | LoaderError::EmptyEpoch => PyValueError::new_err(message),
         LoaderError::Read { .. } | LoaderError::Index { .. } => ReadFailed::new_err(message),
         LoaderError::Task(_) | LoaderError::End(_) => SluiceError::new_err(message),
     }

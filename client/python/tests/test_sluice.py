@@ -40,6 +40,23 @@ def test_bad_ranges_raise_clearly(node):
         ds.read_batch([(0, 4), (ds.length_bytes, 1)])
     with pytest.raises(OSError, match="no dataset named"):
         client.open("missing")
+    for bad in ([(-1, 4)], [(0, 1 << 32)]):
+        with pytest.raises(ValueError, match=r"offset must be in \[0, 2\*\*64\) and its length in \[0, 2\*\*32\)"):
+            ds.read_batch(bad)
+        with pytest.raises(ValueError, match="offset must be"):
+            ds.read_into(bad, bytearray(16))
+
+
+def test_bad_loader_settings_raise_clearly(node):
+    ds = sluice.connect(node.endpoint).open("toks")
+    with pytest.raises(ValueError, match=r"seed -1 is outside \[0, 2\*\*64\)"):
+        sluice.WindowLoader(ds, window=16, batch_size=2, seed=-1)
+    with pytest.raises(ValueError, match="seed 18446744073709551616 is outside"):
+        sluice.TokenWindows(node.endpoint, "toks", 16, 2, seed=1 << 64)
+    with pytest.raises(ValueError, match="samples_per_epoch is at least 1"):
+        sluice.WindowLoader(ds, window=16, batch_size=2, seed=0, samples_per_epoch=0)
+    with pytest.raises(ValueError, match="samples_per_epoch is at least 1"):
+        sluice.TokenWindows(node.endpoint, "toks", 16, 2, seed=0, samples_per_epoch=0)
 
 
 def test_loader_yields_token_windows(node, tokens):

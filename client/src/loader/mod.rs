@@ -45,6 +45,8 @@ pub enum LoaderError {
     Index { index: u64, records: u64 },
     #[error("the loader's schedule ends before step {0}")]
     End(u64),
+    #[error("samples_per_epoch is at least 1")]
+    EmptyEpoch,
 }
 
 /// What a sample is in the dataset's bytes.

@@ -55,6 +55,9 @@ impl Loader<RecordBatch> {
         index: Arc<[(u64, u64)]>,
         config: &RecordLoaderConfig,
     ) -> Result<Self, LoaderError> {
+        if config.samples_per_epoch == Some(0) {
+            return Err(LoaderError::EmptyEpoch);
+        }
         let records = index.len() as u64;
         let state = SamplerState {
             content_hash: dataset.info().content_hash.clone(),

@@ -60,6 +60,9 @@ impl StepBatch for TokenBatch {
 impl Loader<TokenBatch> {
     /// A loader of token windows starting at step 0 of epoch 0.
     pub fn new(dataset: Arc<Dataset>, config: &WindowLoaderConfig) -> Result<Self, LoaderError> {
+        if config.samples_per_epoch == Some(0) {
+            return Err(LoaderError::EmptyEpoch);
+        }
         let token_bytes = token_bytes(&dataset.info().kind)?;
         let tokens = dataset.len_bytes() / u64::from(token_bytes);
         let window = u64::from(config.window_tokens);

@@ -22,6 +22,7 @@ elsewhere its TCP-only build, and ``RDMA_UNAVAILABLE`` says why (see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Iterable, Iterator, Optional, Sequence, Tuple
@@ -40,7 +41,7 @@ SluiceError = _native.SluiceError
 StateMismatch = _native.StateMismatch
 UnknownDataset = _native.UnknownDataset
 WrongKind = _native.WrongKind
-from .streams import Records, TokenWindows, WdsSamples, loader_position
+from .streams import Records, TokenWindows, WdsSamples, _check_seed, loader_position
 
 __all__ = [
     "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "loader_position",
@@ -49,6 +50,17 @@ __all__ = [
 ]
 
 _DTYPES = {1: np.uint8, 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+@contextlib.contextmanager
+def _range_values() -> Iterator[None]:
+    """A range whose offset or length no unsigned integer of the wire holds
+    (negative, or a length of 4 GiB or more) is a ``ValueError`` that says
+    so, not the native side's bare ``OverflowError``."""
+    try:
+        yield
+    except OverflowError as err:
+        raise ValueError(f"a range's offset must be in [0, 2**64) and its length in [0, 2**32): {err}") from None
 
 
 class Dataset:
@@ -76,7 +88,8 @@ class Dataset:
     def read_batch(self, ranges: Iterable[Tuple[int, int]]) -> np.ndarray:
         """Reads ``(offset, len)`` byte ranges in one batch and returns their
         bytes concatenated, as a 1-D ``uint8`` array."""
-        data = self._native.read_batch([(int(o), int(n)) for o, n in ranges])
+        with _range_values():
+            data = self._native.read_batch([(int(o), int(n)) for o, n in ranges])
         return np.frombuffer(data, dtype=np.uint8)
 
     def read_into(self, ranges: Iterable[Tuple[int, int]], buffer) -> int:
@@ -87,7 +100,8 @@ class Dataset:
         released while the bytes arrive. Raises ``ValueError`` if the
         buffer is too small (nothing is read then)."""
         address, nbytes = writable_address(buffer)
-        return self._native.read_into_address([(int(o), int(n)) for o, n in ranges], address, nbytes)
+        with _range_values():
+            return self._native.read_into_address([(int(o), int(n)) for o, n in ranges], address, nbytes)
 
     def record_index(self) -> "list[tuple[int, int]]":
         """The ``(offset, len)`` of every sample of a records or wds dataset."""
@@ -179,6 +193,7 @@ class WindowLoader:
         prefetch_steps: int = 0,
     ):
         self.dataset = dataset
+        _check_seed(seed)
         self._native = _native.WindowLoader(
             dataset._native, window, batch_size, seed, rank, world_size, prefetch, samples_per_epoch, stride_ratio
         )

@@ -47,6 +47,13 @@ STATE_VERSION = 1
 _DTYPES = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
+def _check_seed(seed: int) -> None:
+    """The shuffle's key is 64 bits: a seed outside them is refused here,
+    rather than as an ``OverflowError`` from the native side."""
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed {seed} is outside [0, 2**64)")
+
+
 class _Stream:
     """What the three datasets share: connection, schedule, epoch, state.
 
@@ -83,6 +90,9 @@ class _Stream:
     ):
         if batch_size < 1:
             raise ValueError("batch_size is at least 1")
+        _check_seed(seed)
+        if samples_per_epoch is not None and samples_per_epoch < 1:
+            raise ValueError("samples_per_epoch is at least 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside a world of {world_size}")
         self.endpoint, self.name = endpoint, name
