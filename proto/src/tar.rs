@@ -52,6 +52,67 @@ struct PaxOverrides {
     size: Option<u64>,
 }
 
+/// What a header is, by its type flag: the one reading of type flags that
+/// the indexer and the splitter ([`keyed_members`]) share, so that a span
+/// splits into the members it was indexed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Header {
+    /// Describes the next member (`L`, `x`).
+    Extension(Extension),
+    /// A long link name (`K`) or a global pax header (`g`, nothing in it
+    /// names one member): its data is skipped.
+    Skipped,
+    /// A member's own header; only a regular file (`0`, NUL, `7`) can be
+    /// a sample's member.
+    Member { regular: bool },
+}
+
+fn header_kind(typeflag: u8) -> Header {
+    match typeflag {
+        b'L' => Header::Extension(Extension::LongName),
+        b'x' => Header::Extension(Extension::Pax),
+        b'K' | b'g' => Header::Skipped,
+        b'0' | 0 | b'7' => Header::Member { regular: true },
+        _ => Header::Member { regular: false },
+    }
+}
+
+/// What the extension headers read since the last member give the next
+/// one: its path and its size.
+#[derive(Debug, Default)]
+struct Pending {
+    name: Option<String>,
+    size: Option<u64>,
+}
+
+impl Pending {
+    /// Takes an extension header's data (its size, not its padding).
+    fn extension(&mut self, kind: Extension, data: &[u8]) -> Result<(), &'static str> {
+        match kind {
+            // An empty long name names nothing.
+            Extension::LongName if data.first().is_some_and(|&b| b != 0) => self.name = Some(text(data)),
+            Extension::LongName => {}
+            Extension::Pax => {
+                let overrides = pax_overrides(data)?;
+                if let Some(path) = overrides.path {
+                    self.name = Some(path);
+                }
+                if let Some(size) = overrides.size {
+                    self.size = Some(size);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A member's header is read: the path the extensions gave it (else its
+    /// own fields are its path) and its size (`own` unless an extension
+    /// gave one). Nothing stays pending for the member after it.
+    fn member(&mut self, own_size: u64) -> (Option<String>, u64) {
+        (self.name.take(), self.size.take().unwrap_or(own_size))
+    }
+}
+
 enum Phase {
     /// Expecting a header block.
     Header,
@@ -70,9 +131,7 @@ pub struct TarIndexer {
     block: Vec<u8>,
     /// The data of the extension header being read.
     extension: Vec<u8>,
-    /// Path and size that the extension headers read gave the next member.
-    pending_name: Option<String>,
-    pending_size: Option<u64>,
+    pending: Pending,
     /// Start of the headers of the member being read (long-name and pax
     /// headers included).
     member_start: Option<u64>,
@@ -203,8 +262,7 @@ impl TarIndexer {
             phase: Phase::Header,
             block: Vec::with_capacity(BLOCK_BYTES as usize),
             extension: Vec::new(),
-            pending_name: None,
-            pending_size: None,
+            pending: Pending::default(),
             member_start: None,
             current: None,
             current_extensions: Vec::new(),
@@ -273,15 +331,14 @@ impl TarIndexer {
         let size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
         let typeflag = block[156];
         self.member_start.get_or_insert(start);
-        let extension = match typeflag {
-            b'L' if size > NAME_BYTES_MAX as u64 => return Err(bad("long name too long")),
-            b'x' if size > PAX_BYTES_MAX as u64 => return Err(bad("pax header too long")),
-            b'L' => Some(Extension::LongName),
-            b'x' => Some(Extension::Pax),
-            // A long link name, or a global pax header (nothing in it
-            // names one member): skipped like data.
-            b'K' | b'g' => None,
-            _ => return self.member(block, start, size),
+        let extension = match header_kind(typeflag) {
+            Header::Extension(Extension::LongName) if size > NAME_BYTES_MAX as u64 => {
+                return Err(bad("long name too long"))
+            }
+            Header::Extension(Extension::Pax) if size > PAX_BYTES_MAX as u64 => return Err(bad("pax header too long")),
+            Header::Extension(kind) => Some(kind),
+            Header::Skipped => None,
+            Header::Member { regular } => return self.member(block, start, size, regular),
         };
         let padded = padded_len(size).ok_or_else(|| bad("size too large"))?;
         if padded > 0 {
@@ -294,66 +351,63 @@ impl TarIndexer {
 
     /// Takes what the extension header just read says of the next member.
     fn end_extension(&mut self, kind: Extension) -> Result<(), TarError> {
-        let data = std::mem::take(&mut self.extension);
-        match kind {
-            Extension::LongName if data.first().is_some_and(|&b| b != 0) => self.pending_name = Some(text(&data)),
-            Extension::LongName => {}
-            Extension::Pax => {
-                let overrides =
-                    pax_overrides(&data).map_err(|what| TarError::Header { at: self.at, what: what.to_string() })?;
-                if let Some(path) = overrides.path {
-                    self.pending_name = Some(path);
-                }
-                if let Some(size) = overrides.size {
-                    self.pending_size = Some(size);
-                }
-            }
-        }
-        self.extension = data;
+        let taken = self.pending.extension(kind, &self.extension);
         self.extension.clear();
-        Ok(())
+        taken.map_err(|what| TarError::Header { at: self.at, what: what.to_string() })
     }
 
     /// A member's own header: a regular file's joins its sample or starts
     /// the next; any other (a directory, a link) is skipped.
-    fn member(&mut self, block: &[u8], start: u64, size: u64) -> Result<(), TarError> {
-        let typeflag = block[156];
-        let size = self.pending_size.take().unwrap_or(size);
+    fn member(&mut self, block: &[u8], start: u64, size: u64, regular: bool) -> Result<(), TarError> {
+        let (name, size) = self.pending.member(size);
         let padded = padded_len(size).ok_or_else(|| TarError::Header { at: start, what: "size too large".into() })?;
-        let name = self.pending_name.take().unwrap_or_else(|| header_name(block));
         let member_start = self.member_start.take().unwrap_or(start);
         let end =
             self.at.checked_add(padded).ok_or_else(|| TarError::Header { at: start, what: "size too large".into() })?;
-        let regular = matches!(typeflag, b'0' | 0 | b'7');
-        if let Some((key, extension)) = sample_key(&name).filter(|_| regular) {
-            let extension = extension.to_lowercase();
-            match &mut self.current {
-                Some(sample) if sample.key == key => {
-                    if self.current_extensions.contains(&extension) {
-                        return Err(TarError::Header {
-                            at: start,
-                            what: format!("sample {key:?} has two members with the extension {extension:?}"),
-                        });
-                    }
-                    sample.len_bytes = end - sample.offset_bytes;
-                    sample.members += 1;
-                }
-                _ => {
-                    if let Some(sample) = self.current.take() {
-                        self.done.push(sample);
-                    }
-                    self.current_extensions.clear();
-                    self.current = Some(SampleSpan {
-                        key: key.to_string(),
-                        offset_bytes: member_start,
-                        len_bytes: end - member_start,
-                        members: 1,
-                    });
-                }
+        if regular {
+            let name = name.unwrap_or_else(|| header_name(block));
+            if let Some((key, extension)) = sample_key(&name) {
+                self.join_sample(key, extension.to_lowercase(), member_start..end, start)?;
             }
-            self.current_extensions.push(extension);
         }
         self.phase = if padded > 0 { Phase::Data { left: padded, extension: None } } else { Phase::Header };
+        Ok(())
+    }
+
+    /// A member of sample `key` spanning `member` (its headers and data)
+    /// joins the current sample, or ends it and starts the next.
+    fn join_sample(
+        &mut self,
+        key: &str,
+        extension: String,
+        member: std::ops::Range<u64>,
+        header_at: u64,
+    ) -> Result<(), TarError> {
+        match &mut self.current {
+            Some(sample) if sample.key == key => {
+                if self.current_extensions.contains(&extension) {
+                    return Err(TarError::Header {
+                        at: header_at,
+                        what: format!("sample {key:?} has two members with the extension {extension:?}"),
+                    });
+                }
+                sample.len_bytes = member.end - sample.offset_bytes;
+                sample.members += 1;
+            }
+            _ => {
+                if let Some(sample) = self.current.take() {
+                    self.done.push(sample);
+                }
+                self.current_extensions.clear();
+                self.current = Some(SampleSpan {
+                    key: key.to_string(),
+                    offset_bytes: member.start,
+                    len_bytes: member.end - member.start,
+                    members: 1,
+                });
+            }
+        }
+        self.current_extensions.push(extension);
         Ok(())
     }
 
@@ -391,38 +445,33 @@ pub type KeyedMember<'a> = (String, String, &'a [u8]);
 pub fn keyed_members(span: &[u8]) -> Result<Vec<KeyedMember<'_>>, TarError> {
     let mut out = Vec::new();
     let mut at = 0usize;
-    let mut pending_name: Option<String> = None;
-    let mut pending_size: Option<u64> = None;
+    let mut pending = Pending::default();
     while at + BLOCK_BYTES as usize <= span.len() {
         let block = &span[at..at + BLOCK_BYTES as usize];
         if block.iter().all(|&b| b == 0) {
             break;
         }
         let bad = |what: &str| TarError::Header { at: at as u64, what: what.to_string() };
-        let typeflag = block[156];
-        let size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
-        let size =
-            if matches!(typeflag, b'L' | b'x' | b'K' | b'g') { size } else { pending_size.take().unwrap_or(size) };
+        let kind = header_kind(block[156]);
+        let own_size = octal(&block[124..136]).ok_or_else(|| bad("size is not octal"))?;
+        let (name, size) = match kind {
+            Header::Member { .. } => pending.member(own_size),
+            Header::Extension(_) | Header::Skipped => (None, own_size),
+        };
         let data_start = at + BLOCK_BYTES as usize;
         let data = usize::try_from(size)
             .ok()
             .and_then(|size| span.get(data_start..data_start.checked_add(size)?))
             .ok_or(TarError::Truncated(at as u64))?;
-        match typeflag {
-            b'L' if data.first().is_some_and(|&b| b != 0) => pending_name = Some(text(data)),
-            b'x' => {
-                let overrides = pax_overrides(data).map_err(bad)?;
-                pending_name = overrides.path.or(pending_name);
-                pending_size = overrides.size.or(pending_size);
-            }
-            b'L' | b'K' | b'g' => {}
-            b'0' | 0 | b'7' => {
-                let name = pending_name.take().unwrap_or_else(|| header_name(block));
+        match kind {
+            Header::Extension(extension) => pending.extension(extension, data).map_err(bad)?,
+            Header::Skipped | Header::Member { regular: false } => {}
+            Header::Member { regular: true } => {
+                let name = name.unwrap_or_else(|| header_name(block));
                 if let Some((key, suffix)) = sample_key(&name) {
                     out.push((key.to_string(), suffix.to_lowercase(), data));
                 }
             }
-            _ => pending_name = None,
         }
         at = data_start + data.len().next_multiple_of(BLOCK_BYTES as usize);
     }
