@@ -197,6 +197,77 @@ fn cold_reads_of_every_kind_are_byte_exact_and_a_second_pass_reaches_no_server()
     assert!(cache["chunks_filled"].as_u64() > Some(0) && cache["reads_present"].as_u64() > Some(0), "{cache}");
 }
 
+/// Object keys as people name them: with spaces, `#`, `?`, `%`, `+` and
+/// letters outside ASCII, beside the empty "folder" objects consoles
+/// write. Every key is read back exact, the folders are passed over, a key
+/// named by its percent-encoded URL is found, and a URL that would lose
+/// part of its key (a raw `#`) or a prefix without its `/` is refused with
+/// what to write instead.
+#[test]
+fn keys_with_url_characters_read_back_and_folder_objects_are_passed_over() {
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    s3.create_bucket("train");
+    let keys = ["a%20b.bin", "c%23d.bin", "e%3Ff.bin", "g%2541.bin", "h+i.bin", "%C3%BC.bin"];
+    let mut expected = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let data = bytes_of(1000 + i * 77, 40 + i as u64);
+        s3.put_public("train", &format!("odd/{key}"), &data);
+        expected.push(data);
+    }
+    s3.put_public("train", "odd/sub/", b"");
+    s3.put_public("train", "odd/sub/inner.bin", b"inner");
+    s3.put_public("train", "odd/zz-empty.bin", b"");
+    // In key order: "a b", "c#d", "e?f", "g%41", "h+i", "sub/inner", "ü".
+    expected.insert(5, b"inner".to_vec());
+    let expected = expected.concat();
+
+    let node = node_for(&s3, dir.path());
+    node.ctl_ok(&["dataset", "create", "odd", "--kind", "bytes", "--source", "s3://train/odd/"]);
+    let record = stat(&node, "odd");
+    assert_eq!(record["files_ingested"], 7, "the folder and the empty object are passed over: {record}");
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open("odd").expect("open");
+    let whole = [(0, expected.len() as u32)];
+    assert_exact(&expected, &whole, &read(&dataset, &whole));
+
+    node.ctl_ok(&["dataset", "create", "one", "--kind", "bytes", "--source", "s3://train/odd/c%23d.bin"]);
+    let dataset = client.open("one").expect("open");
+    let first = [(0, 1077)];
+    assert_exact(&expected[1000..], &first, &read(&dataset, &first));
+
+    let refused = node.ctl(&["dataset", "create", "raw", "--kind", "bytes", "--source", "s3://train/odd/c#d.bin"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("%23"), "{said}");
+    let refused = node.ctl(&["dataset", "create", "prefix", "--kind", "bytes", "--source", "s3://train/odd"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("end the URL with '/'"), "{said}");
+}
+
+/// Two servers on one host are two sources: objects of one name on
+/// either, read over `http://` in one dataset, come each from its own
+/// server, not both from the first one asked.
+#[test]
+fn two_servers_on_one_host_are_two_sources() {
+    let Some(first) = S3::start() else { return };
+    let Some(second) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (s3, data) in [(&first, b"from the first server".as_slice()), (&second, b"and from the second".as_slice())] {
+        s3.create_bucket("train");
+        s3.put_public("train", "part.bin", data);
+    }
+    let node = node_for(&first, dir.path());
+    let urls = format!(
+        "http://127.0.0.1:{}/train/part.bin,http://127.0.0.1:{}/train/part.bin",
+        first.moto_port, second.moto_port
+    );
+    node.ctl_ok(&["dataset", "create", "two", "--kind", "bytes", "--source", &urls]);
+    let dataset = Client::connect(&node.endpoint).expect("connect").open("two").expect("open");
+    let expected = b"from the first serverand from the second";
+    let whole = [(0, expected.len() as u32)];
+    assert_exact(expected, &whole, &read(&dataset, &whole));
+}
+
 /// An object overwritten after create fails its ranges as source changed,
 /// and says so in `dataset stat`; other objects still serve.
 #[test]

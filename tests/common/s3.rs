@@ -165,6 +165,16 @@ impl S3 {
         runtime().block_on(store.put(&Path::from(key), payload)).expect("put object");
     }
 
+    /// Writes an object whose key is given percent-encoded, exactly as it
+    /// goes in the request path (so a key may hold `#`, `?` or `%`),
+    /// readable without credentials, as an `http://` source reads it.
+    pub fn put_public(&self, bucket: &str, encoded_key: &str, bytes: &[u8]) {
+        ureq::put(&format!("http://127.0.0.1:{}/{bucket}/{encoded_key}", self.moto_port))
+            .set("x-amz-acl", "public-read")
+            .send_bytes(bytes)
+            .unwrap_or_else(|e| panic!("put {encoded_key}: {e}"));
+    }
+
     pub fn delete(&self, bucket: &str, key: &str) {
         runtime().block_on(self.store(bucket).delete(&Path::from(key))).expect("delete object");
     }

@@ -119,18 +119,20 @@ impl Sources {
         &self.budget
     }
 
-    /// The store `url` lives in and the path inside it.
+    /// The store `url` lives in and the path inside it. Stores are kept
+    /// per origin (scheme, user, host and port), so two servers on one
+    /// host, or two Azure containers of one account, are two stores.
     fn locate(&self, url: &str) -> Result<(Arc<dyn ObjectStore>, Path), SourceError> {
         let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
-        let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
-        let key = format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or(""));
+        let parsed = parse_source_url(url)?;
         let path = Path::from_url_path(parsed.path().trim_end_matches('/')).map_err(|e| bad(e.to_string()))?;
+        let origin = &parsed[..url::Position::BeforePath];
         let mut stores = self.stores.lock().map_err(|_| bad("the store table is poisoned".into()))?;
-        if let Some(store) = stores.get(&key) {
+        if let Some(store) = stores.get(origin) {
             return Ok((Arc::clone(store), path));
         }
         let store = self.build(&parsed).map_err(bad)?;
-        stores.insert(key, Arc::clone(&store));
+        stores.insert(origin.to_string(), Arc::clone(&store));
         Ok((store, path))
     }
 
@@ -198,6 +200,11 @@ impl Sources {
     /// Lists `urls` (a URL ending in `/` is every object under it, in key
     /// order) and pins each object: size, ETag, version. Data bytes are the
     /// whole object until the caller says otherwise (`.npy` headers).
+    ///
+    /// Under a prefix, objects of no bytes are passed over: they hold no
+    /// data, and they are what consoles and tools write as "folders"
+    /// (`prefix/sub/`), which would otherwise stand in the dataset as
+    /// objects of their own. Named one by one, every object is kept.
     pub async fn pin(&self, urls: &[String]) -> Result<Vec<SourceObject>, SourceError> {
         let mut objects = Vec::new();
         for url in urls {
@@ -205,22 +212,33 @@ impl Sources {
             let list_err = |e: object_store::Error| SourceError::List { url: url.clone(), why: e.to_string() };
             let mut metas = if url.ends_with('/') {
                 let prefix = (!path.as_ref().is_empty()).then_some(&path);
-                let mut metas: Vec<_> = store.list(prefix).try_collect().await.map_err(list_err)?;
+                let mut metas: Vec<_> = store
+                    .list(prefix)
+                    .try_filter(|meta| std::future::ready(meta.size > 0))
+                    .try_collect()
+                    .await
+                    .map_err(list_err)?;
                 metas.sort_by(|a, b| a.location.cmp(&b.location));
                 metas
             } else {
-                vec![store.head(&path).await.map_err(list_err)?]
+                match store.head(&path).await {
+                    Ok(meta) => vec![meta],
+                    Err(err @ object_store::Error::NotFound { .. }) => {
+                        return Err(not_an_object(&*store, &path, url, err).await);
+                    }
+                    Err(err) => return Err(list_err(err)),
+                }
             };
             if metas.is_empty() {
                 return Err(SourceError::Empty { url: url.clone() });
             }
-            let base = base_of(url);
+            let base = parse_source_url(url)?;
             for meta in metas.drain(..) {
                 if objects.len() == OBJECTS_PER_DATASET_MAX {
                     return Err(SourceError::TooMany);
                 }
                 objects.push(SourceObject {
-                    url: format!("{base}/{}", meta.location),
+                    url: object_url(&base, &meta.location),
                     size_bytes: meta.size,
                     e_tag: meta.e_tag,
                     version: meta.version,
@@ -311,13 +329,49 @@ fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Att
     }
 }
 
-/// `scheme://host` of a URL, to name the objects listed under it.
-fn base_of(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(parsed) if parsed.scheme() == "file" => "file://".to_string(),
-        Ok(parsed) => parsed[..url::Position::BeforePath].to_string(),
-        Err(_) => url.to_string(),
+/// `url` parsed as a source: an object or a prefix, with nothing after
+/// its path. A `?` or `#` in a key is written `%3F` or `%23`; a query
+/// string (a presigned URL's signature, say) is refused rather than
+/// dropped, since `object_store` asks by path alone.
+fn parse_source_url(url: &str) -> Result<Url, SourceError> {
+    let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
+    let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(bad(
+            "a source URL names an object or a prefix and nothing more: no query string (presigned URLs are not \
+             taken; give the node credentials instead) and no fragment (write a '?' or '#' in a key as %3F or %23)"
+                .into(),
+        ));
     }
+    Ok(parsed)
+}
+
+/// The URL of the object at `location` in the store `base` names: each
+/// segment of the key percent-encoded, so that [`Sources::locate`] finds
+/// the same key again whatever it holds (`#`, `?`, `%`, spaces).
+fn object_url(base: &Url, location: &Path) -> String {
+    let mut url = base.clone();
+    match url.path_segments_mut() {
+        Ok(mut segments) => {
+            segments.clear().extend(location.parts());
+        }
+        // A URL with no host (`s3:x`) parses but names no store.
+        Err(()) => return format!("{}/{location}", &base[..url::Position::BeforePath]),
+    }
+    url.into()
+}
+
+/// Why `url`, which names no object, failed: where objects lie under it
+/// as a prefix, the error says to end it with `/`.
+async fn not_an_object(store: &dyn ObjectStore, path: &Path, url: &str, err: object_store::Error) -> SourceError {
+    let under = store.list(Some(path)).try_next().await.ok().flatten();
+    let why = match under {
+        Some(_) => {
+            format!("no object is named so, but objects lie under it: end the URL with '/' to take every one ({err})")
+        }
+        None => err.to_string(),
+    };
+    SourceError::List { url: url.to_string(), why }
 }
 
 #[cfg(test)]

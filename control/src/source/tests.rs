@@ -73,7 +73,7 @@ fn an_object_changed_after_pinning_fails_as_changed_and_a_missing_one_too() {
 }
 
 #[test]
-fn nothing_under_a_prefix_and_a_bad_scheme_are_refused_with_the_url() {
+fn nothing_under_a_prefix_a_bad_scheme_and_more_than_a_path_are_refused_with_the_url() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sources = Sources::new(quick());
     runtime().block_on(async {
@@ -81,6 +81,16 @@ fn nothing_under_a_prefix_and_a_bad_scheme_are_refused_with_the_url() {
         assert!(err.to_string().contains("holds no objects"), "{err}");
         let err = sources.pin(&["ftp://host/x".to_string()]).await.expect_err("scheme");
         assert!(err.to_string().contains("scheme ftp"), "{err}");
+        std::fs::write(dir.path().join("empty"), b"").expect("write");
+        let err = sources.pin(&[prefix_url(&dir)]).await.expect_err("only an object of no bytes");
+        assert!(err.to_string().contains("holds no objects"), "{err}");
+        for url in ["https://host/a?X-Amz-Signature=00", "s3://bucket/c#d"] {
+            let err = sources.pin(&[url.to_string()]).await.expect_err("query or fragment");
+            assert!(err.to_string().contains("nothing more"), "{err}");
+        }
+        let no_slash = prefix_url(&dir).trim_end_matches('/').to_string();
+        let err = sources.pin(&[no_slash]).await.expect_err("a prefix without its slash");
+        assert!(err.to_string().contains("end the URL with '/'"), "{err}");
     });
 }
 
@@ -226,4 +236,26 @@ fn a_changed_object_fails_its_chunks_only() {
     let report = cache.report(false);
     assert_eq!(report.source_changed, 1);
     assert!(report.last_error.is_some_and(|e| e.contains("changed")));
+}
+
+#[test]
+fn keys_with_url_characters_pin_to_urls_that_find_them_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = ["a b", "c#d", "e?f", "g%41", "h+i", "ü"];
+    for (i, name) in names.iter().enumerate() {
+        std::fs::write(dir.path().join(name), bytes_of(100 + i, i as u8)).expect("write");
+    }
+    std::fs::write(dir.path().join("no-bytes"), b"").expect("write");
+    let sources = Sources::new(quick());
+    runtime().block_on(async {
+        let objects = sources.pin(&[prefix_url(&dir)]).await.expect("pin");
+        assert_eq!(objects.len(), names.len(), "under a prefix an object of no bytes is passed over: {objects:?}");
+        for object in &objects {
+            let got = sources.fetch(object, 0..object.size_bytes).await.expect("fetch");
+            let i = (object.size_bytes - 100) as usize;
+            assert_eq!(&got[..], &bytes_of(100 + i, i as u8)[..], "{}", object.url);
+            let again = sources.pin(std::slice::from_ref(&object.url)).await.expect("pin by its url");
+            assert_eq!(again[..], *std::slice::from_ref(object), "{}", object.url);
+        }
+    });
 }
