@@ -244,6 +244,39 @@ fn keys_with_url_characters_read_back_and_folder_objects_are_passed_over() {
     assert!(!refused.status.success() && said.contains("end the URL with '/'"), "{said}");
 }
 
+/// A prefix of `.npy` arrays that holds another file too (a
+/// `stats.json`, here of a whole number of tokens) is refused by that
+/// file's name, not spliced into the tokens; the arrays named one by one
+/// make the dataset.
+#[test]
+fn tokens_from_arrays_beside_other_objects_are_refused_by_name() {
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    s3.create_bucket("train");
+    let shards: Vec<Vec<u8>> = (0..2).map(|s| bytes_of(2 * (1000 + s), 60 + s as u64)).collect();
+    for (i, shard) in shards.iter().enumerate() {
+        s3.put("train", &format!("tokens/shard-{i}.npy"), &npy_u16(shard));
+    }
+    s3.put("train", "tokens/stats.json", b"{\"tokens\": 20002}\n");
+    let node = node_for(&s3, dir.path());
+    let refused = node.ctl(&["dataset", "create", "t", "--kind", "tokens:u16", "--source", "s3://train/tokens/"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("stats.json: not an .npy array"), "{said}");
+    node.ctl_ok(&[
+        "dataset",
+        "create",
+        "t",
+        "--kind",
+        "tokens:u16",
+        "--source",
+        "s3://train/tokens/shard-0.npy,s3://train/tokens/shard-1.npy",
+    ]);
+    let expected = shards.concat();
+    let dataset = Client::connect(&node.endpoint).expect("connect").open("t").expect("open");
+    let whole = [(0, expected.len() as u32)];
+    assert_exact(&expected, &whole, &read(&dataset, &whole));
+}
+
 /// Two servers on one host are two sources: objects of one name on
 /// either, read over `http://` in one dataset, come each from its own
 /// server, not both from the first one asked.

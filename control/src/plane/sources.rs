@@ -438,6 +438,9 @@ async fn shape(
     index: Option<&str>,
 ) -> Result<Shaped, ControlError> {
     let elem = kind.element_size_bytes();
+    if kind.npy_dtypes().is_some() {
+        refuse_mixed_arrays(&objects)?;
+    }
     for object in &mut objects {
         if kind.npy_dtypes().is_some() && object.url.ends_with(".npy") {
             let head = sources.fetch(object, 0..object.size_bytes.min(npy::HEADER_BYTES_MAX as u64)).await?;
@@ -495,6 +498,25 @@ async fn shape(
         return Err(ControlError::Records("the source holds no samples".into()));
     }
     Ok(Shaped { objects, length_bytes, record_count, entries })
+}
+
+/// Refuses tokens from `.npy` arrays beside objects that are not: a prefix
+/// of arrays usually holds other files too (`stats.json`, a README), and
+/// taking one of those as raw tokens would splice its bytes into the
+/// token stream without a word. All arrays, or all raw token files.
+fn refuse_mixed_arrays(objects: &[SourceObject]) -> Result<(), ControlError> {
+    let is_array = |object: &&SourceObject| object.url.ends_with(".npy");
+    let (Some(array), Some(other)) = (objects.iter().find(is_array), objects.iter().find(|o| !is_array(o))) else {
+        return Ok(());
+    };
+    Err(bad_object(
+        other,
+        format!(
+            "not an .npy array, beside {} which is: a tokens dataset's objects are all .npy arrays or all raw \
+             tokens; name the arrays, or keep other objects out of the prefix",
+            array.url
+        ),
+    ))
 }
 
 fn bad_object(object: &SourceObject, why: impl std::fmt::Display) -> ControlError {
