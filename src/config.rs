@@ -139,6 +139,14 @@ pub struct NodeConfig {
     pub source_retries: u32,
     /// Source-backed datasets: ranged GETs in flight at once, node-wide.
     pub source_fetches_max: usize,
+    /// Source-backed datasets: what the node fetches from, as schemes
+    /// (`s3://`) or URL prefixes (`s3://corpus/tokenized/`,
+    /// `https://data.example.com/sets/`, `file:///srv/datasets/`),
+    /// checked on every fetch whoever wrote the dataset's record. Unset:
+    /// the object stores (`s3`, `gs`, `az` and Azure's other schemes);
+    /// `http`, `https` and `file` sources must be listed. See
+    /// `sluice_control::source::allow`.
+    pub source_allow: Option<Vec<String>>,
     /// Source-backed datasets: bytes of their chunks the node keeps at
     /// most (0: no budget). A fill past it evicts the coldest chunks of
     /// unpinned source-backed datasets; ingested datasets are not counted
@@ -263,6 +271,7 @@ impl Default for NodeConfig {
             source_timeout_ms: 30_000,
             source_retries: 4,
             source_fetches_max: 16,
+            source_allow: None,
             cache_bytes_max: 0,
             insecure: false,
             admin_tokens: None,
@@ -357,6 +366,14 @@ impl NodeConfig {
         None
     }
 
+    /// `source_allow` as the list the sources check, or its default.
+    pub fn source_allow_list(&self) -> Result<sluice_control::source::allow::SourceAllowList, String> {
+        match &self.source_allow {
+            None => Ok(sluice_control::source::allow::SourceAllowList::default()),
+            Some(entries) => sluice_control::source::allow::SourceAllowList::parse(entries),
+        }
+    }
+
     /// `policy_allowlist` as digests.
     pub fn policy_digests(&self) -> Result<Option<Vec<[u8; 32]>>, String> {
         if self.policy_allowlist.is_empty() {
@@ -393,6 +410,22 @@ mod tests {
         assert_eq!(config.io_mode, IoModeChoice::Buffered);
         assert_eq!(config.credits, NodeConfig::default().credits);
         assert!(toml::from_str::<NodeConfig>("coress = 3").is_err());
+    }
+
+    /// `source_allow` replaces the default list of object-store schemes;
+    /// an entry that names no prefix stops the start with its name.
+    #[test]
+    fn source_allow_replaces_the_object_stores_default() {
+        let permits = |config: &NodeConfig, url: &str| {
+            config.source_allow_list().expect("list").permits(&url::Url::parse(url).expect("url"))
+        };
+        let default = NodeConfig::default();
+        assert!(permits(&default, "s3://bucket/key") && !permits(&default, "file:///etc/passwd"));
+        let config: NodeConfig = toml::from_str("source_allow = [\"file:///srv/data/\"]\n").expect("parse");
+        assert!(permits(&config, "file:///srv/data/a.bin"));
+        assert!(!permits(&config, "s3://bucket/key"), "the list replaces the default");
+        let bad: NodeConfig = toml::from_str("source_allow = [\"s3:\"]\n").expect("parse");
+        assert!(bad.source_allow_list().expect_err("bad entry").contains("\"s3:\""));
     }
 
     /// A listener off loopback needs TLS unless the node is insecure; the

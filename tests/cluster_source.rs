@@ -126,3 +126,41 @@ fn a_source_backed_dataset_placed_on_two_nodes_fills_each_copy_from_the_source()
         top["caches"].as_array().expect("caches").iter().filter_map(|c| c["name"].as_str()).collect();
     assert_eq!(names, ["recs"], "n2's caches after the delete: {top}");
 }
+
+/// A dataset record is input, not an order: a node in the cluster (or
+/// whoever holds its etcd credentials) that writes a dataset whose source
+/// is another node's local file (its key, its admin token) gets nothing
+/// from that node. The other node, whose `source_allow` lists no
+/// `file://` source, fails the reads as unavailable, names why, and never
+/// reads the file.
+#[test]
+fn a_node_fetches_only_the_sources_its_own_config_allows_whoever_wrote_the_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(etcd) = start_etcd(dir.path()) else { return };
+    let secrets = dir.path().join("n2-secrets");
+    std::fs::create_dir(&secrets).expect("secrets dir");
+    let secret = b"-----BEGIN PRIVATE KEY----- the second node's key";
+    std::fs::write(secrets.join("node.key"), secret).expect("secret");
+    let writer_config = dir.path().join("writer.toml");
+    std::fs::write(&writer_config, format!("source_allow = [\"file://{}/\"]\n", secrets.display())).expect("config");
+    let n1 = start_node_with_env(dir.path(), &etcd, "n1", &["--config", writer_config.to_str().expect("utf-8")], &[]);
+    let n2 = start_node_with_env(dir.path(), &etcd, "n2", &[], &[]);
+    assert!(eventually(30, || live_members(&n1).len() == 2), "both nodes joined");
+
+    let url = format!("file://{}/node.key", secrets.display());
+    n1.ctl_ok(&["dataset", "create", "loot", "--kind", "bytes", "--source", &url]);
+    assert!(eventually(60, || ready_copies(&n1, "loot").len() == 2), "a copy on each node");
+    let refused = n2.ctl(&["dataset", "create", "direct", "--kind", "bytes", "--source", &url]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("source_allow"), "n2 refuses the URL itself: {said}");
+
+    let loot = open(&n2, "loot", &token(&n1, "loot"));
+    let mut buf = vec![0u8; secret.len()];
+    let statuses =
+        loot.read_batch(&[ReadRange { offset: 0, len: secret.len() as u32, dest: 0 }], &mut buf).expect("read");
+    assert_eq!(statuses, [RangeStatus::SourceUnavailable], "n2 fetched nothing outside its source_allow");
+    assert!(buf.iter().all(|&b| b == 0), "no byte of the file reached the reader");
+    let n2_cache = cache(&n2, "loot");
+    assert_eq!(n2_cache["chunks_present"], 0, "{n2_cache}");
+    assert!(n2_cache["source_errors"].as_u64() > Some(0), "{n2_cache}");
+}

@@ -289,7 +289,12 @@ fn two_servers_on_one_host_are_two_sources() {
         s3.create_bucket("train");
         s3.put_public("train", "part.bin", data);
     }
-    let node = node_for(&first, dir.path());
+    // http sources are fetched only where the node's config lists them.
+    let allow = format!(
+        "source_allow = [\"http://127.0.0.1:{}/train/\", \"http://127.0.0.1:{}/train/\"]\n",
+        first.moto_port, second.moto_port
+    );
+    let node = node_with(&first, dir.path(), &allow);
     let urls = format!(
         "http://127.0.0.1:{}/train/part.bin,http://127.0.0.1:{}/train/part.bin",
         first.moto_port, second.moto_port

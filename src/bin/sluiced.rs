@@ -156,6 +156,12 @@ struct Args {
     /// takes a copy [default: 60].
     #[arg(long, value_name = "SECONDS")]
     repair_after_s: Option<u64>,
+    /// What source-backed datasets may be fetched from: schemes (s3://)
+    /// or URL prefixes (https://host/path/, file:///dir/), replacing the
+    /// config's list [default: s3://, gs://, az:// and Azure's other
+    /// schemes; http, https and file sources must be listed].
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    source_allow: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -211,6 +217,9 @@ fn main() -> ExitCode {
         Some("uring") => config.socket_io = SocketIoChoice::Uring,
         Some("readiness") => config.socket_io = SocketIoChoice::Readiness,
         _ => {}
+    }
+    if !args.source_allow.is_empty() {
+        config.source_allow = Some(args.source_allow);
     }
     config.insecure |= args.insecure;
     config.data_tls |= args.data_tls;

@@ -75,6 +75,8 @@ pub enum NodeError {
     Exposed(String),
     #[error("access control: {0}")]
     Access(String),
+    #[error("config: {0}")]
+    Config(String),
     #[error("TLS: {0}")]
     Tls(String),
     #[error("dropping privileges: {0}")]
@@ -94,6 +96,7 @@ impl Node {
         if let Some(why) = config.exposure() {
             return Err(NodeError::Exposed(why));
         }
+        let source_allow = config.source_allow_list().map_err(NodeError::Config)?;
         if let Some(why) = config.user.as_deref().and_then(|user| unprivileged_conflict(&config, user)) {
             return Err(NodeError::Privilege(why));
         }
@@ -187,6 +190,7 @@ impl Node {
             retries: config.source_retries,
             fetches_in_flight_max: config.source_fetches_max.max(1),
             cache_bytes_max: config.cache_bytes_max,
+            allowed: source_allow,
             ..sluice_control::source::SourceOptions::default()
         });
         control.set_policy_rules(sluice_control::PolicyRules {

@@ -76,7 +76,9 @@ def tokens():
 def node(tokens):
     with tempfile.TemporaryDirectory() as tmp:
         workdir = pathlib.Path(tmp)
-        node = Node(workdir)
+        # file:// sources under the temporary directory (tests' tmp_path):
+        # a node fetches only what its source_allow lists.
+        node = Node(workdir, extra=["--source-allow", f"file://{tempfile.gettempdir()}/"])
         path = workdir / "tokens.npy"
         np.save(path, tokens)
         node.ctl("dataset", "create", "toks", "--kind", "tokens:u16")

@@ -16,6 +16,7 @@
 //! out or stalled response, a body shorter than asked), not for those that
 //! do not (a changed or vanished object, a refusal of credentials).
 
+pub mod allow;
 pub mod cache;
 pub mod evict;
 pub mod read;
@@ -47,6 +48,8 @@ pub struct SourceOptions {
     /// Bytes of source-backed chunks the node keeps at most (0: no
     /// budget); fills past it evict the coldest.
     pub cache_bytes_max: u64,
+    /// What the node fetches from ([`allow`]).
+    pub allowed: allow::SourceAllowList,
 }
 
 impl Default for SourceOptions {
@@ -57,6 +60,7 @@ impl Default for SourceOptions {
             retry_backoff: Duration::from_millis(100),
             fetches_in_flight_max: 16,
             cache_bytes_max: 0,
+            allowed: allow::SourceAllowList::default(),
         }
     }
 }
@@ -74,6 +78,11 @@ pub enum SourceError {
     Empty { url: String },
     #[error("more than {OBJECTS_PER_DATASET_MAX} objects under the source URLs")]
     TooMany,
+    #[error(
+        "{url}: this node fetches only from {allowed} (its source_allow); an operator lists the bucket, host or \
+         directory in the node's config"
+    )]
+    NotAllowed { url: String, allowed: String },
 }
 
 /// Why a fetch gave no bytes.
@@ -125,6 +134,9 @@ impl Sources {
     fn locate(&self, url: &str) -> Result<(Arc<dyn ObjectStore>, Path), SourceError> {
         let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
         let parsed = parse_source_url(url)?;
+        if !self.options.allowed.permits(&parsed) {
+            return Err(SourceError::NotAllowed { url: url.to_string(), allowed: self.options.allowed.describe() });
+        }
         let path = Path::from_url_path(parsed.path().trim_end_matches('/')).map_err(|e| bad(e.to_string()))?;
         let origin = &parsed[..url::Position::BeforePath];
         let mut stores = self.stores.lock().map_err(|_| bad("the store table is poisoned".into()))?;
@@ -336,6 +348,17 @@ fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Att
 fn parse_source_url(url: &str) -> Result<Url, SourceError> {
     let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    const SCHEMES: [&str; 10] = ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "file"];
+    if !SCHEMES.contains(&parsed.scheme()) {
+        return Err(bad(format!("scheme {}: expected s3, gs, az, http, https or file", parsed.scheme())));
+    }
+    if parsed.password().is_some() {
+        return Err(bad(
+            "a password in a source URL would be kept in the catalog and shown by dataset stat: give the node \
+             credentials in its environment"
+                .into(),
+        ));
+    }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err(bad(
             "a source URL names an object or a prefix and nothing more: no query string (presigned URLs are not \

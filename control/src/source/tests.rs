@@ -15,8 +15,15 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
 
+/// Quick to give up, and fetching local files (which the default
+/// `source_allow` does not).
 fn quick() -> SourceOptions {
-    SourceOptions { retries: 1, retry_backoff: Duration::from_millis(1), ..SourceOptions::default() }
+    SourceOptions {
+        retries: 1,
+        retry_backoff: Duration::from_millis(1),
+        allowed: allow::SourceAllowList::parse(&["file://".to_string()]).expect("allow list"),
+        ..SourceOptions::default()
+    }
 }
 
 fn bytes_of(len: usize, seed: u8) -> Vec<u8> {
@@ -257,5 +264,39 @@ fn keys_with_url_characters_pin_to_urls_that_find_them_again() {
             let again = sources.pin(std::slice::from_ref(&object.url)).await.expect("pin by its url");
             assert_eq!(again[..], *std::slice::from_ref(object), "{}", object.url);
         }
+    });
+}
+
+/// A record is input, not an order: a source URL outside the node's
+/// `source_allow` (its own files, by default) is neither pinned nor
+/// fetched, whoever wrote the record, and the error says what the node
+/// allows.
+#[test]
+fn sources_outside_the_allow_list_are_neither_pinned_nor_fetched() {
+    let (dir, _) = objects_dir(&[4096]);
+    let pinned = runtime().block_on(Sources::new(quick()).pin(&[prefix_url(&dir)])).expect("pin");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    std::fs::write(elsewhere.path().join("secret"), b"node key").expect("write");
+    let only_dir =
+        SourceOptions { allowed: allow::SourceAllowList::parse(&[prefix_url(&dir)]).expect("allow list"), ..quick() };
+    runtime().block_on(async {
+        for sources in [Sources::new(SourceOptions::default()), Sources::new(only_dir)] {
+            let secret = format!("file://{}/secret", elsewhere.path().display());
+            let err = sources.pin(&[secret]).await.expect_err("outside the allow list");
+            assert!(matches!(err, SourceError::NotAllowed { .. }), "{err}");
+            let err = sources
+                .fetch(
+                    &SourceObject { url: format!("file://{}/secret", elsewhere.path().display()), ..pinned[0].clone() },
+                    0..8,
+                )
+                .await
+                .expect_err("fetch outside");
+            assert!(matches!(&err, FetchError::Unavailable { why, .. } if why.contains("source_allow")), "{err}");
+        }
+        let err = Sources::new(SourceOptions::default()).fetch(&pinned[0], 0..8).await.expect_err("file:// by default");
+        assert!(err.to_string().contains("s3://, s3a://, gs://"), "{err}");
+        let sources = Sources::new(SourceOptions::default());
+        let err = sources.pin(&["https://user:secret@host/x".to_string()]).await.expect_err("a password");
+        assert!(err.to_string().contains("password"), "{err}");
     });
 }
