@@ -175,3 +175,62 @@ fn tls_control_api_and_data_port_with_bound_grants() {
     assert_eq!(read, [RangeStatus::Ok]);
     assert_eq!(small, bytes[5..1005]);
 }
+
+/// A rotated certificate is served without a restart, on the control API
+/// and the data port alike: the node's pair is rewritten in place (here
+/// by a new CA, so which pair answers is plain), and new connections
+/// soon verify against the new CA only. A pair rewritten half (the
+/// certificate without its key) keeps the pair in use serving.
+#[test]
+fn a_rotated_certificate_is_served_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).expect("mkdir");
+    let first_ca = authority(&pki, "first-ca");
+    let next_ca = authority(&pki, "next-ca");
+    let (first_cert, first_key) = issue(&pki, &first_ca, "node-first", true);
+    let (next_cert, next_key) = issue(&pki, &next_ca, "node-next", true);
+    let (live_cert, live_key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::copy(&first_cert, &live_cert).expect("copy");
+    std::fs::copy(&first_key, &live_key).expect("copy");
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, format!("tls_cert = {live_cert:?}\ntls_key = {live_key:?}\ndata_tls = true\n"))
+        .expect("config");
+    let node = NodeProcess::start_secure_with(&dir.path().join("node"), &["--config", path(&config)]);
+    let trusting = |ca: &Path| node.ctl(&["--ca-file", path(ca), "dataset", "ls"]).status.success();
+    assert!(trusting(&first_ca.pem) && !trusting(&next_ca.pem), "the first pair answers");
+
+    // The certificate rewritten, its key not yet: still the first pair.
+    std::fs::copy(&next_cert, &live_cert).expect("copy");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(trusting(&first_ca.pem), "a certificate without its key is not served");
+
+    std::fs::copy(&next_key, &live_key).expect("copy");
+    assert!(common::eventually(10, || trusting(&next_ca.pem)), "the new pair is served without a restart");
+    assert!(!trusting(&first_ca.pem), "and the old one no more");
+    let trust = ClientTlsFiles { ca: Some(next_ca.pem.clone()), identity: None };
+    let client = sluice_client::blocking::Client::connect_tls(&node.endpoint, TransportChoice::Tcp, trust)
+        .expect("connect with the new CA");
+    assert!(client.node().data_tls);
+    random_file(&dir.path().join("r.bin"), 10_000, 3);
+    for args in [
+        vec!["dataset", "create", "r", "--kind", "bytes"],
+        vec!["dataset", "ingest", "r", path(&dir.path().join("r.bin"))],
+        vec!["dataset", "seal", "r"],
+    ] {
+        node.ctl_ok(&[&["--ca-file", path(&next_ca.pem)][..], &args].concat());
+    }
+    let grant: Value = serde_json::from_str(&node.ctl_ok(&[
+        "--ca-file",
+        path(&next_ca.pem),
+        "--json",
+        "grant",
+        "create",
+        "r",
+        "--client",
+        "any",
+    ]))
+    .expect("json");
+    let options = OpenOptions { token: grant["token"].as_str().map(String::from), ..OpenOptions::default() };
+    client.open_with("r", options).expect("the data port serves the new pair too");
+}

@@ -8,7 +8,11 @@
 //! without a token, a grant bound to a certificate) is decided by
 //! authorization, which then refuses with a reason instead of a bare
 //! handshake failure. The identity a certificate carries is its subject's
-//! common name (CN), as in Kubernetes' x509 authenticator.
+//! common name (CN), as in Kubernetes' x509 authenticator. A listener's
+//! certificate follows its files ([`reload`]): a rotated pair is served
+//! without a restart.
+
+mod reload;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,10 +109,10 @@ fn roots(ca: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
 
 /// A listener's rustls config. With a client CA, clients may present a
 /// certificate signed by it (and one signed by anything else fails the
-/// handshake); clients without one still connect.
+/// handshake); clients without one still connect. The certificate and key
+/// are read now and again whenever their files change.
 pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let certs = load_certs("certificate file", &files.cert)?;
-    let key = load_key(&files.key)?;
+    let certificate = reload::ReloadingCert::load(&files.cert, &files.key, provider())?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -123,10 +127,7 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
         }
         None => builder.with_no_client_auth(),
     };
-    let config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| TlsError::Config(format!("{} with {}: {e}", files.cert.display(), files.key.display())))?;
-    Ok(Arc::new(config))
+    Ok(Arc::new(builder.with_cert_resolver(Arc::new(certificate))))
 }
 
 /// A client's rustls config.
