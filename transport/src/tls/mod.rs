@@ -9,8 +9,8 @@
 //! authorization, which then refuses with a reason instead of a bare
 //! handshake failure. The identity a certificate carries is its subject's
 //! common name (CN), as in Kubernetes' x509 authenticator. A listener's
-//! certificate follows its files ([`reload`]): a rotated pair is served
-//! without a restart.
+//! certificate and a client's identity follow their files ([`reload`]): a
+//! rotated pair is taken up without a restart.
 
 mod reload;
 
@@ -137,9 +137,9 @@ pub fn client_config(files: &ClientTlsFiles) -> Result<Arc<rustls::ClientConfig>
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots(files.ca.as_deref())?);
     let config = match &files.identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(load_certs("client certificate", cert)?, load_key(key)?)
-            .map_err(|e| TlsError::Config(format!("client certificate {}: {e}", cert.display())))?,
+        Some((cert, key)) => {
+            builder.with_client_cert_resolver(Arc::new(reload::ReloadingCert::load(cert, key, provider())?))
+        }
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))

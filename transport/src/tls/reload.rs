@@ -1,5 +1,7 @@
-//! A server certificate that follows its files, so a rotated certificate
-//! is served without a restart.
+//! A certificate that follows its files, so a rotated certificate is
+//! served without a restart: a listener's (the control API, the data
+//! port) and a client's identity for mTLS (the node's etcd client, a
+//! training job's certificate-bound grant).
 //!
 //! Certificates are short-lived where they are managed: cert-manager
 //! renews at two thirds of a 90-day life and rewrites the Secret's files
@@ -8,7 +10,7 @@
 //! read its pair once at start would serve the old one until it expired,
 //! and every client would then fail at once.
 //!
-//! So the listener resolves its certificate at each handshake: at most
+//! So the certificate is resolved at each handshake: at most
 //! once every [`RECHECK`] one handshake looks at the two files (device,
 //! inode, length, mtime, following links). If either changed, the pair is
 //! read again and, if the key matches the certificate, served from then
@@ -22,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -59,7 +62,8 @@ struct Watch {
     seen: PairStamp,
 }
 
-/// The certificate a listener serves, read again when its files change.
+/// The certificate a listener serves or a client presents, read again
+/// when its files change.
 pub(super) struct ReloadingCert {
     cert_path: PathBuf,
     key_path: PathBuf,
@@ -111,20 +115,36 @@ impl ReloadingCert {
                 if let Ok(mut current) = self.current.write() {
                     *current = Arc::new(pair);
                 }
-                tracing::info!(cert = %self.cert_path.display(), "TLS certificate changed on disk: serving the new one");
+                tracing::info!(cert = %self.cert_path.display(), "TLS certificate changed on disk: using the new one");
             }
             Err(err) => tracing::warn!(
                 cert = %self.cert_path.display(),
-                "TLS certificate files changed but do not load ({err}); serving the certificate in use until they change again"
+                "TLS certificate files changed but do not load ({err}); keeping the certificate in use until they change again"
             ),
         }
     }
 }
 
-impl ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+impl ReloadingCert {
+    fn pair(&self) -> Option<Arc<CertifiedKey>> {
         self.follow_files();
         self.current.read().ok().map(|pair| Arc::clone(&pair))
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.pair()
+    }
+}
+
+impl ResolvesClientCert for ReloadingCert {
+    fn resolve(&self, _root_hints: &[&[u8]], _schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.pair()
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
