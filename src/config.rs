@@ -160,6 +160,11 @@ pub struct NodeConfig {
     /// the file must be private (mode 0600). Without it (and without
     /// `insecure`) the node makes `DATA_DIR/admin.token` at first start.
     pub admin_tokens: Option<PathBuf>,
+    /// Append the control API's audit records (every call that changes
+    /// something and every refused call: who, from where, what, the
+    /// outcome) to this file as JSON lines, besides the node's log (made
+    /// 0600; refused if others can read it). See `sluice_control::audit`.
+    pub audit_log: Option<PathBuf>,
     /// Serve `GET /metrics`, unauthenticated, on this address of its own
     /// (for a scraper on a monitoring network). With port 0 the kernel
     /// chooses; sluiced prints the bound address
@@ -275,6 +280,7 @@ impl Default for NodeConfig {
             cache_bytes_max: 0,
             insecure: false,
             admin_tokens: None,
+            audit_log: None,
             metrics_listen: None,
             metrics_tokens: None,
             tls_cert: None,

@@ -336,3 +336,50 @@ fn policy_loading_is_off_by_default_and_follows_the_allowlist() {
     // (no --ebpf), which is the next thing it says.
     assert_eq!(call(&node, Some(&admin), "PUT", "/v1/policy", &all_bulk), (409, "steering_off".into()));
 }
+
+/// Every change and every refusal leaves an audit record, and no record
+/// holds a credential: an operator's create, grant and delete are
+/// recorded under the operator token's blake3 prefix, a grant holder's
+/// attempt to administer under its grant id with its 403, a stranger's
+/// under "anonymous" with its 401; reads are not recorded.
+#[test]
+fn changes_and_refusals_leave_an_audit_record_without_a_credential() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let audit = dir.path().join("audit.jsonl");
+    let node =
+        NodeProcess::start_secure_with(&dir.path().join("node"), &["--audit-log", audit.to_str().expect("utf-8")]);
+    let admin = node.admin_token.clone().expect("operator token");
+    random_file(&dir.path().join("a.bin"), 10_000, 5);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    let (grant_id, token) = grant(&node, "a", "trainer");
+    assert_eq!(call(&node, Some(&token), "GET", "/v1/datasets/a", b"").0, 200, "a read: not recorded");
+    assert_eq!(call(&node, Some(&token), "DELETE", "/v1/datasets/a", b"").0, 403);
+    assert_eq!(call(&node, None, "POST", "/v1/grants", br#"{"dataset":"a","client":"x"}"#).0, 401);
+    node.ctl_ok(&["dataset", "rm", "a"]);
+
+    let text = std::fs::read_to_string(&audit).expect("audit log");
+    for (what, secret) in [("grant token", &token), ("operator token", &admin)] {
+        assert!(!text.contains(&secret[7..]), "the {what} is in the audit log");
+    }
+    let records: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
+    let operator = format!("operator token blake3:{}", &blake3::hash(admin.as_bytes()).to_hex()[..16]);
+    let find = |method: &str, path: &str, refused: bool| {
+        records
+            .iter()
+            .find(|r| r["method"] == method && r["path"] == path && (r["status"].as_u64() >= Some(400)) == refused)
+            .unwrap_or_else(|| panic!("no record of {method} {path} (refused: {refused}): {text}"))
+    };
+    let created = find("POST", "/v1/datasets", false);
+    assert_eq!((created["caller"].as_str(), created["status"].as_u64()), (Some(operator.as_str()), Some(201)));
+    assert!(created["remote"].as_str().is_some_and(|r| r.starts_with("127.0.0.1:")), "{created}");
+    assert_eq!(find("POST", "/v1/grants", false)["caller"], operator.as_str());
+    let by_grant = find("DELETE", "/v1/datasets/a", true);
+    assert_eq!(
+        (by_grant["caller"].as_str(), by_grant["status"].as_u64()),
+        (Some(&*format!("grant {grant_id} on a")), Some(403))
+    );
+    let stranger = find("POST", "/v1/grants", true);
+    assert_eq!((stranger["caller"].as_str(), stranger["status"].as_u64()), (Some("anonymous"), Some(401)));
+    assert_eq!(find("DELETE", "/v1/datasets/a", false)["caller"], operator.as_str());
+    assert!(records.iter().all(|r| r["method"] != "GET" || r["status"] == 401 || r["status"] == 403), "{text}");
+}

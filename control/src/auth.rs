@@ -156,12 +156,29 @@ pub struct AccessPolicy {
     pub metrics_tokens: Option<TokenSet>,
 }
 
+/// Which operator made a call, as an audit record names them: never the
+/// token, but the first 16 hex digits of its blake3 (what
+/// `admin_tokens` holds where it keeps hashes; `b3sum` of the token
+/// otherwise), or the CN of the client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operator {
+    Token { blake3_prefix: String },
+    Certificate { common_name: String },
+}
+
+impl Operator {
+    fn by_token(token: &str) -> Self {
+        let hash = blake3::hash(token.as_bytes());
+        Self::Token { blake3_prefix: crate::hex::encode(&hash.as_bytes()[..8]) }
+    }
+}
+
 /// The caller of one request, once authenticated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     /// A node started `--insecure`: every caller may do everything.
     Unchecked,
-    Operator,
+    Operator(Operator),
     /// A grant holder: reads one dataset.
     Reader {
         grant: u64,
@@ -212,7 +229,7 @@ pub fn authenticate(
             return Caller::Invalid("the Authorization header must be `Bearer TOKEN`".into());
         };
         if policy.operator_tokens.contains(token) {
-            return Caller::Operator;
+            return Caller::Operator(Operator::by_token(token));
         }
         if policy.metrics_tokens.as_ref().is_some_and(|set| set.contains(token)) {
             return Caller::Scraper;
@@ -228,8 +245,27 @@ pub fn authenticate(
         };
     }
     match peer_name {
-        Some(name) if policy.operator_cert_names.iter().any(|n| n == name) => Caller::Operator,
+        Some(name) if policy.operator_cert_names.iter().any(|n| n == name) => {
+            Caller::Operator(Operator::Certificate { common_name: name.to_string() })
+        }
         _ => Caller::Anonymous,
+    }
+}
+
+/// Who a caller is, in an audit record: no credential appears.
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unchecked => write!(f, "anyone (the node is --insecure)"),
+            Self::Operator(Operator::Token { blake3_prefix }) => write!(f, "operator token blake3:{blake3_prefix}"),
+            Self::Operator(Operator::Certificate { common_name }) => {
+                write!(f, "operator certificate CN={common_name}")
+            }
+            Self::Reader { grant, dataset, .. } => write!(f, "grant {grant} on {dataset}"),
+            Self::Scraper => write!(f, "metrics token"),
+            Self::Anonymous => write!(f, "anonymous"),
+            Self::Invalid(_) => write!(f, "an invalid credential"),
+        }
     }
 }
 
@@ -247,7 +283,7 @@ impl Caller {
     /// Administrative calls: operators only.
     pub fn require_operator(&self) -> Result<(), Refusal> {
         match self {
-            Self::Unchecked | Self::Operator => Ok(()),
+            Self::Unchecked | Self::Operator(_) => Ok(()),
             Self::Reader { .. } | Self::Scraper => {
                 Err(Refusal::forbidden("this call is for operators; the credential given is not an operator's".into()))
             }
@@ -260,7 +296,7 @@ impl Caller {
     /// refused the same way whether that dataset exists or not.
     pub fn require_reader_of(&self, dataset: &str) -> Result<(), Refusal> {
         match self {
-            Self::Unchecked | Self::Operator => Ok(()),
+            Self::Unchecked | Self::Operator(_) => Ok(()),
             Self::Reader { dataset: granted, .. } if granted == dataset => Ok(()),
             Self::Reader { .. } | Self::Scraper => {
                 Err(Refusal::forbidden(format!("the credential given does not cover a dataset named {dataset:?}")))
@@ -309,7 +345,9 @@ mod tests {
         let p = policy();
         let none = |_: &str| None;
         let op = authenticate(&p, Some(b"Bearer operator-token-0123456789"), None, none);
-        assert_eq!(op, Caller::Operator);
+        let prefix = crate::hex::encode(&blake3::hash(b"operator-token-0123456789").as_bytes()[..8]);
+        assert_eq!(op, Caller::Operator(Operator::Token { blake3_prefix: prefix.clone() }));
+        assert_eq!(op.to_string(), format!("operator token blake3:{prefix}"), "named by its hash, never itself");
         assert!(op.require_operator().is_ok() && op.require_reader_of("any").is_ok());
 
         let reader = authenticate(&p, Some(b"Bearer sluice_x"), None, |_| Some(grant(1, "a", None)));
@@ -329,7 +367,7 @@ mod tests {
         assert!(matches!(malformed, Caller::Invalid(_)));
 
         let cert_op = authenticate(&p, None, Some("ops-alice"), none);
-        assert_eq!(cert_op, Caller::Operator);
+        assert_eq!(cert_op, Caller::Operator(Operator::Certificate { common_name: "ops-alice".into() }));
         assert_eq!(authenticate(&p, None, Some("mallory"), none), Caller::Anonymous);
 
         let scraper = authenticate(&p, Some(b"Bearer scraper-token-0123456789"), None, none);

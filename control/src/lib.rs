@@ -7,6 +7,7 @@
 //! `sluice-proto` so they need not. Its map is `control/README.md`.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod catalog;
 pub mod checksums;

@@ -156,6 +156,10 @@ struct Args {
     /// takes a copy [default: 60].
     #[arg(long, value_name = "SECONDS")]
     repair_after_s: Option<u64>,
+    /// Append the control API's audit records (changes and refusals) to
+    /// this file as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
     /// What source-backed datasets may be fetched from: schemes (s3://)
     /// or URL prefixes (https://host/path/, file:///dir/), replacing the
     /// config's list [default: s3://, gs://, az:// and Azure's other
@@ -217,6 +221,9 @@ fn main() -> ExitCode {
         Some("uring") => config.socket_io = SocketIoChoice::Uring,
         Some("readiness") => config.socket_io = SocketIoChoice::Readiness,
         _ => {}
+    }
+    if args.audit_log.is_some() {
+        config.audit_log = args.audit_log;
     }
     if !args.source_allow.is_empty() {
         config.source_allow = Some(args.source_allow);

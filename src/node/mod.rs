@@ -185,6 +185,9 @@ impl Node {
             config.adopt,
         )?);
         control.set_access(access);
+        if let Some(path) = &config.audit_log {
+            control.set_audit(sluice_control::audit::AuditLog::open(path).map_err(NodeError::Config)?);
+        }
         control.set_source_options(sluice_control::source::SourceOptions {
             request_timeout: std::time::Duration::from_millis(config.source_timeout_ms.max(1)),
             retries: config.source_retries,

@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{self, Caller, Refusal};
+use crate::auth::{self, Refusal};
 use crate::catalog::CatalogError;
 use crate::ingest::{Appended, IngestFormat};
 use crate::openapi::Contract;
@@ -212,14 +212,30 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
             message: format!("{} {path} has no access rule; refused", request.method()),
         }),
     };
-    if let Err(refusal) = decision {
-        if caller != Caller::Anonymous {
-            tracing::info!(method = %request.method(), path, code = refusal.code, "control API refused a call");
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let sent_path = request.uri().path().to_string();
+    let remote = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.remote);
+    let response = match decision {
+        Err(refusal) => {
+            drain_refused_body(request).await;
+            ApiError::from(refusal).into_response()
         }
-        drain_refused_body(request).await;
-        return ApiError::from(refusal).into_response();
+        Ok(()) => next.run(request).await,
+    };
+    let status = response.status().as_u16();
+    if crate::audit::audited(method.as_str(), status) {
+        control.audit().record(&crate::audit::AuditRecord {
+            unix_ms: crate::plane::now_unix_ms(),
+            caller: caller.to_string(),
+            remote: remote.map(|addr| addr.to_string()),
+            method: method.as_str(),
+            path: &sent_path,
+            status,
+            millis: started.elapsed().as_millis() as u64,
+        });
     }
-    next.run(request).await
+    response
 }
 
 /// How much of a refused request's body is read, and for how long, so a

@@ -18,6 +18,8 @@ pub(super) struct Access {
     /// current one-second window, so a stream of bad tokens costs etcd at
     /// most [`UNKNOWN_TOKEN_REFRESHES_PER_S_MAX`] reads a second.
     unknown_token_refreshes: Mutex<(std::time::Instant, u32)>,
+    /// Where the control API's audit records go.
+    audit: RwLock<Arc<crate::audit::AuditLog>>,
 }
 
 impl Access {
@@ -29,6 +31,7 @@ impl Access {
             grants: RwLock::new(HashMap::new()),
             revocations: tokio::sync::watch::Sender::new(0),
             unknown_token_refreshes: Mutex::new((std::time::Instant::now(), 0)),
+            audit: RwLock::new(Arc::new(crate::audit::AuditLog::log_only())),
         }
     }
 
@@ -85,6 +88,17 @@ impl ControlPlane {
         if let Ok(mut access) = self.access.policy.write() {
             *access = Arc::new(policy);
         }
+    }
+
+    /// Where the control API's audit records go besides the node's log.
+    pub fn set_audit(&self, audit: crate::audit::AuditLog) {
+        if let Ok(mut current) = self.access.audit.write() {
+            *current = Arc::new(audit);
+        }
+    }
+
+    pub fn audit(&self) -> Arc<crate::audit::AuditLog> {
+        self.access.audit.read().map(|a| Arc::clone(&a)).unwrap_or_default()
     }
 
     pub fn access(&self) -> Arc<AccessPolicy> {
