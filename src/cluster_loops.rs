@@ -4,7 +4,8 @@
 //! with a grant it issues itself (a source-backed dataset's copy instead
 //! fills from its source: only a `records` or `wds` dataset's sample index
 //! is fetched from a peer); beside it, the grant refresh picks up grants
-//! issued or revoked on other nodes.
+//! issued or revoked on other nodes. On every node, clustered or not,
+//! grants past their end are dropped and their sessions closed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,17 @@ pub async fn refresh_grants(control: Arc<ControlPlane>, shutdown: watch::Receive
     while ticker.next().await {
         let refreshing = Arc::clone(&control);
         let _ = tokio::task::spawn_blocking(move || refreshing.refresh_grants()).await;
+    }
+}
+
+/// Ends grants past their lifetime once a second (every node, in a
+/// cluster or not): their sessions close within about a second of the
+/// end, and new opens are refused from the end on regardless.
+pub async fn expire_grants(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
+    let mut ticker = Ticker::new(shutdown);
+    while ticker.next().await {
+        let expiring = Arc::clone(&control);
+        let _ = tokio::task::spawn_blocking(move || expiring.expire_grants()).await;
     }
 }
 
@@ -103,7 +115,7 @@ pub async fn run(control: Arc<ControlPlane>, shutdown: watch::Receiver<bool>) {
 /// revoked when done.
 async fn copy(control: &Arc<ControlPlane>, job: &ReplicaJob) -> Result<u64, String> {
     let client = format!("node:{}", control.node_id().unwrap_or("?"));
-    let grant = control.issue_grant(&job.name, &client, None).map_err(|e| e.to_string())?;
+    let grant = control.issue_grant(&job.name, &client, None, None).map_err(|e| e.to_string())?;
     let mut failures = Vec::new();
     let mut copied = None;
     for source in &job.sources {

@@ -133,7 +133,7 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
     );
 
     // Reads need a grant, as on any node: the demo issues itself one.
-    let grant = node.control.issue_grant(&name, "quickstart", None).map_err(|e| e.to_string())?;
+    let grant = node.control.issue_grant(&name, "quickstart", None, None).map_err(|e| e.to_string())?;
     println!("granted {name} to client \"quickstart\" (grant {})", grant.id);
     let client = Client::connect(&node.control_url()).await.map_err(|e| e.to_string())?;
     let options = sluice_client::OpenOptions { token: grant.token.map(|t| t.into_inner()), ..Default::default() };

@@ -26,6 +26,7 @@ fn grant(id: u64) -> GrantRecord {
         token_hash: format!("hash-{id}"),
         created_unix_ms: 0,
         cert_name: None,
+        expires_unix_ms: (id % 2 == 0).then_some(1_000 + id),
     }
 }
 

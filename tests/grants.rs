@@ -125,3 +125,51 @@ fn bad_grant_requests_get_clear_errors() {
     let none = node.ctl(&["grant", "revoke", "999"]);
     assert!(String::from_utf8_lossy(&none.stderr).contains("unknown_grant"));
 }
+
+/// A grant given a lifetime ends by itself: before its end it reads as any
+/// grant; from its end its token opens nothing (data port and control
+/// API, each saying it ended), the session opened under it closes, and the
+/// node drops it from the listing. A grant without one stands. A lifetime
+/// of zero or past ten years is refused.
+#[test]
+fn a_grant_with_a_lifetime_ends_by_itself() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start_secure(&dir.path().join("node"));
+    let bytes = random_file(&dir.path().join("a.bin"), 50_000, 7);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    let issued: Value =
+        serde_json::from_str(&node.ctl_ok(&["--json", "grant", "create", "a", "--client", "short-job", "--ttl", "3s"]))
+            .expect("json");
+    let token = issued["token"].as_str().expect("token").to_string();
+    let ends = issued["expires_unix_ms"].as_u64().expect("an end");
+    assert_eq!(ends - issued["created_unix_ms"].as_u64().expect("created"), 3000);
+    let (_, lasting) = issue(&node, "a", "long-job");
+
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open_with("a", with_token(&token)).expect("open before its end");
+    assert_eq!(read_all(&dataset, bytes.len()).expect("read before its end"), bytes);
+    assert!(node.ctl_ok(&["grant", "ls"]).contains("short-job"));
+
+    assert!(eventually(20, || read_all(&dataset, 100).is_err()), "the session outlived its grant's end");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    assert!(now >= ends, "closed before the grant's end");
+    let err = Client::connect(&node.endpoint)
+        .expect("connect")
+        .open_with("a", with_token(&token))
+        .err()
+        .expect("an ended grant opens nothing")
+        .to_string();
+    assert!(err.contains("has ended") || err.contains("revoked or never issued"), "{err}");
+    let out = node.ctl_anonymous(&["--token", &token, "dataset", "stat", "a"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && (said.contains("has ended") || said.contains("live grant")), "{said}");
+    assert!(eventually(10, || !node.ctl_ok(&["grant", "ls"]).contains("short-job")), "the ended grant is dropped");
+
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let dataset = client.open_with("a", with_token(&lasting)).expect("a grant without an end stands");
+    assert_eq!(read_all(&dataset, 100).expect("read"), bytes[..100]);
+    for ttl in ["0s", "3651d"] {
+        let out = node.ctl(&["grant", "create", "a", "--client", "x", "--ttl", ttl]);
+        assert!(!out.status.success(), "--ttl {ttl} is refused");
+    }
+}

@@ -235,6 +235,9 @@ pub fn authenticate(
             return Caller::Scraper;
         }
         return match grant_for(token) {
+            Some(grant) if grant.expired(crate::plane::now_unix_ms()) => {
+                Caller::Invalid("this grant has ended: ask for a new one".into())
+            }
             Some(grant) => match &grant.cert_name {
                 Some(bound) if peer_name != Some(bound.as_str()) => Caller::Invalid(format!(
                     "this grant is bound to the client certificate {bound:?}; connect with that certificate"
@@ -327,6 +330,7 @@ mod tests {
             token_hash: String::new(),
             created_unix_ms: 0,
             cert_name: cert_name.map(str::to_string),
+            expires_unix_ms: None,
         }
     }
 

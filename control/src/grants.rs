@@ -30,6 +30,17 @@ pub struct GrantRecord {
     /// this CN (mTLS): a token copied elsewhere opens nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_name: Option<String>,
+    /// When set, the grant ends then: its token opens nothing and its
+    /// sessions close, as on a revocation; the node then drops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_ms: Option<u64>,
+}
+
+impl GrantRecord {
+    /// Whether the grant has ended by `now_unix_ms`.
+    pub fn expired(&self, now_unix_ms: u64) -> bool {
+        self.expires_unix_ms.is_some_and(|end| now_unix_ms >= end)
+    }
 }
 
 pub use sluice_proto::api::GrantView;
@@ -42,6 +53,7 @@ impl From<&GrantRecord> for GrantView {
             dataset: record.dataset.clone(),
             created_unix_ms: record.created_unix_ms,
             cert_name: record.cert_name.clone(),
+            expires_unix_ms: record.expires_unix_ms,
             token: None,
         }
     }

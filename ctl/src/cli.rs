@@ -206,6 +206,25 @@ pub enum OrphansCommand {
     Purge,
 }
 
+/// A lifetime as seconds: a number with `s`, `m`, `h` or `d`, or bare
+/// seconds.
+pub fn parse_lifetime_s(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: a number with s, m, h or d (90s, 15m, 12h, 30d)")),
+    };
+    let count: u64 =
+        digits.parse().map_err(|_| format!("{text:?}: a number with s, m, h or d (90s, 15m, 12h, 30d)"))?;
+    count.checked_mul(scale).filter(|s| *s > 0).ok_or_else(|| format!("{text:?}: from 1 s on"))
+}
+
 #[derive(Subcommand, Debug)]
 pub enum GrantCommand {
     /// Issue a grant of DATASET to a client; prints its token once.
@@ -218,6 +237,11 @@ pub enum GrantCommand {
         /// its token then opens only from a connection presenting it.
         #[arg(long, value_name = "CN")]
         cert_name: Option<String>,
+        /// How long the grant stands (90s, 15m, 12h, 30d, or seconds);
+        /// past it the token opens nothing and its sessions close. Without
+        /// it, until revoked.
+        #[arg(long, value_name = "DURATION", value_parser = parse_lifetime_s)]
+        ttl: Option<u64>,
     },
     Ls,
     /// Revoke a grant: new opens fail and open sessions are closed.
@@ -277,4 +301,21 @@ pub enum Format {
     Auto,
     Raw,
     Npy,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lifetime_s;
+
+    #[test]
+    fn lifetimes_take_a_unit_or_seconds() {
+        assert_eq!(parse_lifetime_s("90"), Ok(90));
+        assert_eq!(parse_lifetime_s("90s"), Ok(90));
+        assert_eq!(parse_lifetime_s("15m"), Ok(900));
+        assert_eq!(parse_lifetime_s("12h"), Ok(43_200));
+        assert_eq!(parse_lifetime_s("30d"), Ok(2_592_000));
+        for bad in ["", "0", "0s", "h", "1.5h", "10w", "-1", "99999999999999999999d"] {
+            assert!(parse_lifetime_s(bad).is_err(), "{bad:?}");
+        }
+    }
 }

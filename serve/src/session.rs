@@ -80,7 +80,7 @@ pub enum Fatal {
     Codec(#[from] codec::CodecError),
     #[error("protocol: {0}")]
     Protocol(String),
-    #[error("the grant this session opened {0} under was revoked")]
+    #[error("the grant this session opened {0} under was revoked or has ended")]
     Revoked(String),
     #[error("{0}")]
     Deadline(&'static str),

@@ -384,6 +384,9 @@ impl Node {
                 control_runtime.spawn(crate::cluster_loops::refresh_grants(Arc::clone(&control), shutdown.subscribe())),
             );
         }
+        tasks.push(
+            control_runtime.spawn(crate::cluster_loops::expire_grants(Arc::clone(&control), shutdown.subscribe())),
+        );
         {
             // Warms a restart interrupted go on, on the control runtime
             // where their fills belong.

@@ -158,7 +158,12 @@ pub(super) async fn create_grant(
     ApiJson(request): ApiJson<GrantRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let grant = tokio::task::spawn_blocking(move || {
-        control.issue_grant(&request.dataset, &request.client, request.cert_name.as_deref())
+        control.issue_grant(
+            &request.dataset,
+            &request.client,
+            request.cert_name.as_deref(),
+            request.ttl_s.map(std::time::Duration::from_secs),
+        )
     })
     .await
     .map_err(|e| internal(e.to_string()))??;

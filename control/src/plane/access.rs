@@ -128,9 +128,23 @@ impl ControlPlane {
     }
 
     /// Issues a grant of `dataset` to `client`, optionally bound to the
-    /// client certificate named `cert_name`; the answer carries the token,
-    /// which the node does not keep and cannot show again.
-    pub fn issue_grant(&self, dataset: &str, client: &str, cert_name: Option<&str>) -> Result<GrantView, ControlError> {
+    /// client certificate named `cert_name` and ending `ttl` from now; the
+    /// answer carries the token, which the node does not keep and cannot
+    /// show again.
+    pub fn issue_grant(
+        &self,
+        dataset: &str,
+        client: &str,
+        cert_name: Option<&str>,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<GrantView, ControlError> {
+        let ttl_max = std::time::Duration::from_secs(sluice_proto::api::GRANT_TTL_S_MAX);
+        if let Some(ttl) = ttl.filter(|ttl| ttl.is_zero() || *ttl > ttl_max) {
+            return Err(ControlError::BadGrant(format!(
+                "a grant's lifetime of {ttl:?}: from 1 s to {} s (ten years)",
+                sluice_proto::api::GRANT_TTL_S_MAX
+            )));
+        }
         if !grants::valid_client(client) {
             return Err(ControlError::BadGrant(format!(
                 "invalid client identity {client:?}: 1-{} printable characters, no spaces",
@@ -153,14 +167,17 @@ impl ControlPlane {
             });
         }
         let token = grants::new_token();
+        let created_unix_ms = now_unix_ms();
+        let expires_unix_ms = ttl.map(|ttl| created_unix_ms.saturating_add(ttl.as_millis() as u64));
         let grant = self.catalog.add_grant(&mut |id| GrantRecord {
             id,
             client: client.to_string(),
             dataset: record.name.clone(),
             dataset_id: record.id,
             token_hash: grants::token_hash(&token),
-            created_unix_ms: now_unix_ms(),
+            created_unix_ms,
             cert_name: cert_name.map(str::to_string),
+            expires_unix_ms,
         })?;
         tracing::info!(grant = grant.id, client, dataset, "grant issued");
         let mut view = GrantView::from(&grant);
@@ -200,9 +217,33 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// Whether grant `id` still stands.
+    /// Whether grant `id` still stands: not revoked, not past its end.
     pub fn grant_live(&self, id: u64) -> bool {
-        self.access.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id))
+        let now = now_unix_ms();
+        self.access.grants.read().is_ok_and(|g| g.values().any(|g| g.id == id && !g.expired(now)))
+    }
+
+    /// Ends the grants past their end: dropped from this node's table and
+    /// the catalog, their sessions closed as on a revocation. Run once a
+    /// second; a grant is refused from its end on whether or not this ran
+    /// (every check compares the end with the clock).
+    pub fn expire_grants(&self) {
+        let now = now_unix_ms();
+        let Ok(mut map) = self.access.grants.write() else { return };
+        let ended: Vec<u64> = map.values().filter(|g| g.expired(now)).map(|g| g.id).collect();
+        if ended.is_empty() {
+            return;
+        }
+        map.retain(|_, g| !g.expired(now));
+        drop(map);
+        self.access.revoked();
+        for id in ended {
+            // In a cluster every node may try; the first removes it.
+            match self.catalog.remove_grant(id) {
+                Ok(_) => tracing::info!(grant = id, "grant ended"),
+                Err(err) => tracing::warn!(grant = id, "removing an ended grant from the catalog: {err}"),
+            }
+        }
     }
 
     /// The grant `token` gives for `dataset` (checked against the dataset's
@@ -230,6 +271,9 @@ impl ControlPlane {
                 "the token given for {dataset} is not a grant on this node (revoked or never issued)"
             )));
         };
+        if grant.expired(now_unix_ms()) {
+            return Err(denied(format!("the grant given for {dataset} has ended: ask for a new one")));
+        }
         if let Some(bound) = grant.cert_name.as_deref().filter(|bound| peer_name != Some(*bound)) {
             return Err(denied(format!(
                 "this grant is bound to the client certificate {bound:?}; connect over TLS with that certificate"

@@ -8,14 +8,22 @@ use crate::error::{json_line, unreadable_answer, Result};
 
 pub fn run(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
     match command {
-        GrantCommand::Create { dataset, client, cert_name } => {
-            let body = GrantRequest { dataset: dataset.clone(), client: client.clone(), cert_name: cert_name.clone() };
+        GrantCommand::Create { dataset, client, cert_name, ttl } => {
+            let body = GrantRequest {
+                dataset: dataset.clone(),
+                client: client.clone(),
+                cert_name: cert_name.clone(),
+                ttl_s: *ttl,
+            };
             let grant: GrantView =
                 api.call(api.request("POST", "/v1/grants").send_json(body))?.into_json().map_err(unreadable_answer)?;
             if json {
                 println!("{}", json_line(&grant)?);
             } else {
                 println!("grant {} of {dataset} to {client}", grant.id);
+                if let Some(end) = grant.expires_unix_ms {
+                    println!("ends at {end} (unix ms)");
+                }
                 println!(
                     "token (shown once; pass it as --token or SLUICE_TOKEN): {}",
                     grant.token.as_ref().map_or("", |t| t.expose())
@@ -27,9 +35,10 @@ pub fn run(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
             if json {
                 println!("{}", json_line(&grants)?);
             } else {
-                println!("{:>6}  {:<32} {:<40} CREATED (unix ms)", "ID", "DATASET", "CLIENT");
+                println!("{:>6}  {:<32} {:<40} {:<16} ENDS (unix ms)", "ID", "DATASET", "CLIENT", "CREATED (unix ms)");
                 for g in grants {
-                    println!("{:>6}  {:<32} {:<40} {}", g.id, g.dataset, g.client, g.created_unix_ms);
+                    let ends = g.expires_unix_ms.map_or_else(|| "when revoked".to_string(), |end| end.to_string());
+                    println!("{:>6}  {:<32} {:<40} {:<16} {ends}", g.id, g.dataset, g.client, g.created_unix_ms);
                 }
             }
         }

@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::Secret;
 
+/// The longest a grant may stand: ten years.
+pub const GRANT_TTL_S_MAX: u64 = 10 * 365 * 24 * 3600;
+
 /// A request for a grant of one dataset to one client identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -24,6 +27,12 @@ pub struct GrantRequest {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[!-~]+$", min_length = 1, max_length = 128))]
     pub cert_name: Option<String>,
+    /// Seconds the grant stands from now; past them its token opens
+    /// nothing and the sessions opened with it close, as on a revocation.
+    /// Without it, the grant stands until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 315_360_000))]
+    pub ttl_s: Option<u64>,
 }
 
 /// What the API shows of a grant (never the token's hash).
@@ -37,6 +46,9 @@ pub struct GrantView {
     /// The client certificate CN the grant is bound to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_name: Option<String>,
+    /// When the grant ends, if it was given a lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_ms: Option<u64>,
     /// Present only in the answer to the request that created the grant
     /// (never shown by `Debug`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
