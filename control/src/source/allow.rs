@@ -142,20 +142,28 @@ mod tests {
         list.permits(&Url::parse(url).expect("url"))
     }
 
+    /// `list` permits every URL of `allowed` and none of `refused`.
+    fn check(list: &SourceAllowList, allowed: &[&str], refused: &[&str]) {
+        for url in allowed {
+            assert!(permits(list, url), "{url} is allowed");
+        }
+        for url in refused {
+            assert!(!permits(list, url), "{url} is refused");
+        }
+    }
+
     #[test]
     fn by_default_object_stores_only() {
-        let list = SourceAllowList::default();
-        for url in ["s3://any-bucket/key", "gs://b/k", "az://container/k", "abfss://c@acct.dfs.core.windows.net/k"] {
-            assert!(permits(&list, url), "{url}");
-        }
-        for url in [
-            "file:///var/lib/sluice/admin.token",
-            "http://169.254.169.254/latest/meta-data/iam/security-credentials/node",
-            "http://127.0.0.1:2379/v3/kv/range",
-            "https://internal.example.com/secrets",
-        ] {
-            assert!(!permits(&list, url), "{url}");
-        }
+        check(
+            &SourceAllowList::default(),
+            &["s3://any-bucket/key", "gs://b/k", "az://container/k", "abfss://c@acct.dfs.core.windows.net/k"],
+            &[
+                "file:///var/lib/sluice/admin.token",
+                "http://169.254.169.254/latest/meta-data/iam/security-credentials/node",
+                "http://127.0.0.1:2379/v3/kv/range",
+                "https://internal.example.com/secrets",
+            ],
+        );
     }
 
     #[test]
@@ -170,35 +178,34 @@ mod tests {
         .map(|s| (*s).to_string())
         .collect();
         let list = SourceAllowList::parse(&entries).expect("parse");
-        for url in [
-            "s3://corpus/tokenized/shard-0.npy",
-            "s3://corpus/tokenized/a/b",
-            "https://data.example.com/sets",
-            "https://data.example.com:443/sets/x.tar",
-            "https://data.example.com/%73ets/x.tar",
-            "file:///srv/datasets/a.bin",
-            "http://127.0.0.1:9000/train/x.bin",
-        ] {
-            assert!(permits(&list, url), "{url}");
-        }
-        for url in [
-            "s3://corpus/raw/x",
-            "s3://corpus/tokenized",
-            "s3://other/tokenized/x",
-            "gs://corpus/tokenized/x",
-            "https://data.example.com/settings",
-            "https://data.example.com:8443/sets/x",
-            "http://data.example.com/sets/x",
-            "https://user@data.example.com/sets/x",
-            "https://data.example.com/sets/..%2Fprivate",
-            "file:///srv/datasets-old/a.bin",
-            "file:///etc/shadow",
-            "http://127.0.0.1:9001/train/x.bin",
-            "http://127.0.0.1:9000@169.254.169.254/latest",
-            "http://localhost:9000/train/x.bin",
-        ] {
-            assert!(!permits(&list, url), "{url}");
-        }
+        check(
+            &list,
+            &[
+                "s3://corpus/tokenized/shard-0.npy",
+                "s3://corpus/tokenized/a/b",
+                "https://data.example.com/sets",
+                "https://data.example.com:443/sets/x.tar",
+                "https://data.example.com/%73ets/x.tar",
+                "file:///srv/datasets/a.bin",
+                "http://127.0.0.1:9000/train/x.bin",
+            ],
+            &[
+                "s3://corpus/raw/x",
+                "s3://corpus/tokenized",
+                "s3://other/tokenized/x",
+                "gs://corpus/tokenized/x",
+                "https://data.example.com/settings",
+                "https://data.example.com:8443/sets/x",
+                "http://data.example.com/sets/x",
+                "https://user@data.example.com/sets/x",
+                "https://data.example.com/sets/..%2Fprivate",
+                "file:///srv/datasets-old/a.bin",
+                "file:///etc/shadow",
+                "http://127.0.0.1:9001/train/x.bin",
+                "http://127.0.0.1:9000@169.254.169.254/latest",
+                "http://localhost:9000/train/x.bin",
+            ],
+        );
         assert_eq!(
             list.describe(),
             "s3://corpus/tokenized/, https://data.example.com:443/sets, file:///srv/datasets/, http://127.0.0.1:9000/"

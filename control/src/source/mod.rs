@@ -78,11 +78,26 @@ pub enum SourceError {
     Empty { url: String },
     #[error("more than {OBJECTS_PER_DATASET_MAX} objects under the source URLs")]
     TooMany,
-    #[error(
-        "{url}: this node fetches only from {allowed} (its source_allow); an operator lists the bucket, host or \
-         directory in the node's config"
-    )]
+    #[error("{url}: {}", not_allowed(allowed))]
     NotAllowed { url: String, allowed: String },
+}
+
+fn not_allowed(allowed: &str) -> String {
+    format!(
+        "this node fetches only from {allowed} (its source_allow); an operator lists the bucket, host or directory \
+         in the node's config"
+    )
+}
+
+impl SourceError {
+    /// What went wrong, for a message that names the URL already.
+    fn reason(&self) -> String {
+        match self {
+            Self::BadUrl { why, .. } => why.clone(),
+            Self::NotAllowed { allowed, .. } => not_allowed(allowed),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Why a fetch gave no bytes.
@@ -91,9 +106,17 @@ pub enum FetchError {
     /// The object changed or vanished since it was pinned.
     #[error("{url} changed since the dataset was created: {why}")]
     Changed { url: String, why: String },
-    /// Every attempt failed.
-    #[error("{url}: {why} (after {attempts} attempts)")]
+    /// Every attempt failed, or none could be made (`attempts` 0).
+    #[error("{url}: {why}{}", attempts_said(*attempts))]
     Unavailable { url: String, why: String, attempts: u32 },
+}
+
+fn attempts_said(attempts: u32) -> String {
+    match attempts {
+        0 => String::new(),
+        1 => " (after 1 attempt)".to_string(),
+        n => format!(" (after {n} attempts)"),
+    }
 }
 
 /// The node's handles on its sources, one store per bucket or host,
@@ -221,7 +244,10 @@ impl Sources {
         let mut objects = Vec::new();
         for url in urls {
             let (store, path) = self.locate(url)?;
-            let list_err = |e: object_store::Error| SourceError::List { url: url.clone(), why: e.to_string() };
+            let list_err = |e: object_store::Error| {
+                let hint = credentials_hint(url, |name| std::env::var_os(name).is_some());
+                SourceError::List { url: url.clone(), why: format!("{e}{}", hint.unwrap_or_default()) }
+            };
             let mut metas = if url.ends_with('/') {
                 let prefix = (!path.as_ref().is_empty()).then_some(&path);
                 let mut metas: Vec<_> = store
@@ -266,7 +292,7 @@ impl Sources {
     pub async fn fetch(&self, object: &SourceObject, range: Range<u64>) -> Result<Bytes, FetchError> {
         assert!(range.start < range.end && range.end <= object.size_bytes, "fetch past the object");
         let unavailable = |why: String, attempts| FetchError::Unavailable { url: object.url.clone(), why, attempts };
-        let (store, path) = self.locate(&object.url).map_err(|e| unavailable(e.to_string(), 0))?;
+        let (store, path) = self.locate(&object.url).map_err(|e| unavailable(e.reason(), 0))?;
         let mut backoff = self.options.retry_backoff;
         let mut attempt = 0;
         loop {
@@ -382,6 +408,21 @@ fn object_url(base: &Url, location: &Path) -> String {
         Err(()) => return format!("{}/{location}", &base[..url::Position::BeforePath]),
     }
     url.into()
+}
+
+/// What to do where an S3 request failed and the node's environment names
+/// an AWS profile but no credentials `object_store` reads: it reads no
+/// profile and no `~/.aws` file, so such a node asks the instance
+/// metadata service and fails there with words about a token.
+fn credentials_hint(url: &str, set: impl Fn(&str) -> bool) -> Option<&'static str> {
+    let s3 = url.starts_with("s3://") || url.starts_with("s3a://");
+    let read = ["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"];
+    let credentials = read.iter().any(|name| set(name)) || set("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    (s3 && set("AWS_PROFILE") && !credentials).then_some(
+        "; AWS_PROFILE is set, but no profile or ~/.aws file is read: give the node AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY (`aws configure export-credentials --format env` prints a profile's), a web \
+         identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN) or an instance role",
+    )
 }
 
 /// Why `url`, which names no object, failed: where objects lie under it

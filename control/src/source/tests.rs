@@ -292,6 +292,9 @@ fn sources_outside_the_allow_list_are_neither_pinned_nor_fetched() {
                 .await
                 .expect_err("fetch outside");
             assert!(matches!(&err, FetchError::Unavailable { why, .. } if why.contains("source_allow")), "{err}");
+            let said = err.to_string();
+            assert_eq!(said.matches("/secret").count(), 1, "the URL named once, no attempts counted: {said}");
+            assert!(!said.contains("attempts"), "{said}");
         }
         let err = Sources::new(SourceOptions::default()).fetch(&pinned[0], 0..8).await.expect_err("file:// by default");
         assert!(err.to_string().contains("s3://, s3a://, gs://"), "{err}");
@@ -299,4 +302,16 @@ fn sources_outside_the_allow_list_are_neither_pinned_nor_fetched() {
         let err = sources.pin(&["https://user:secret@host/x".to_string()]).await.expect_err("a password");
         assert!(err.to_string().contains("password"), "{err}");
     });
+}
+
+/// A node whose environment names an AWS profile and no credentials is
+/// told, on an S3 error, that profiles are not read and what to give.
+#[test]
+fn an_aws_profile_without_credentials_is_named_in_s3_errors() {
+    let env = |names: &'static [&'static str]| move |name: &str| names.contains(&name);
+    assert!(credentials_hint("s3://b/k", env(&["AWS_PROFILE"])).is_some_and(|h| h.contains("no profile")));
+    assert!(credentials_hint("s3://b/k", env(&["AWS_PROFILE", "AWS_ACCESS_KEY_ID"])).is_none());
+    assert!(credentials_hint("s3://b/k", env(&["AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE"])).is_none());
+    assert!(credentials_hint("s3://b/k", env(&[])).is_none());
+    assert!(credentials_hint("gs://b/k", env(&["AWS_PROFILE"])).is_none());
 }
