@@ -8,7 +8,10 @@
 //! prefix of their token or their certificate's CN, a grant by its id,
 //! never a credential), the peer's address, the method, the path as sent
 //! (no query string), the status and how long it took. Reads are not
-//! recorded: readers read chunks and indexes all day.
+//! recorded: readers read chunks and indexes all day. A change that got
+//! no answer (its client went away mid-call, or it ran past the API's
+//! time limit) is still recorded, with status 0, since what it did may
+//! stand ([`AuditedCall`]'s drop).
 //!
 //! Records go to the node's log (target `sluice::audit`, level info) and,
 //! with `audit_log = PATH`, as JSON lines appended to that file (0600,
@@ -20,7 +23,8 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -34,6 +38,62 @@ pub struct AuditRecord<'a> {
     pub path: &'a str,
     pub status: u16,
     pub millis: u64,
+}
+
+/// One call on its way: recorded once answered ([`AuditedCall::answered`])
+/// or, for a change, when dropped without an answer.
+pub struct AuditedCall {
+    log: Arc<AuditLog>,
+    caller: String,
+    remote: Option<String>,
+    method: String,
+    path: String,
+    started: Instant,
+    recorded: bool,
+}
+
+impl AuditedCall {
+    pub fn begin(log: Arc<AuditLog>, caller: String, remote: Option<String>, method: &str, path: &str) -> Self {
+        Self {
+            log,
+            caller,
+            remote,
+            method: method.to_string(),
+            path: path.to_string(),
+            started: Instant::now(),
+            recorded: false,
+        }
+    }
+
+    /// The call was answered with `status`: recorded if [`audited`].
+    pub fn answered(mut self, status: u16) {
+        if audited(&self.method, status) {
+            self.record(status);
+        }
+        self.recorded = true;
+    }
+
+    fn record(&self, status: u16) {
+        self.log.record(&AuditRecord {
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            caller: self.caller.clone(),
+            remote: self.remote.clone(),
+            method: &self.method,
+            path: &self.path,
+            status,
+            millis: self.started.elapsed().as_millis() as u64,
+        });
+    }
+}
+
+impl Drop for AuditedCall {
+    fn drop(&mut self) {
+        if !self.recorded && audited(&self.method, 200) {
+            self.record(0);
+        }
+    }
 }
 
 /// Whether a call with this method and answer is recorded.
@@ -112,6 +172,26 @@ mod tests {
         assert!(audited("POST", 200) && audited("DELETE", 404) && audited("PUT", 500));
         assert!(audited("GET", 401) && audited("GET", 403));
         assert!(!audited("GET", 200) && !audited("GET", 404) && !audited("HEAD", 200));
+    }
+
+    /// A change answered is recorded with its status; one dropped without
+    /// an answer, with status 0; a read answered or dropped, not at all.
+    #[test]
+    fn a_change_that_got_no_answer_is_recorded_all_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.jsonl");
+        let log = Arc::new(AuditLog::open(&path).expect("open"));
+        let call = |method: &str| AuditedCall::begin(Arc::clone(&log), "anonymous".into(), None, method, "/v1/x");
+        call("DELETE").answered(204);
+        drop(call("DELETE"));
+        call("GET").answered(200);
+        drop(call("GET"));
+        let text = std::fs::read_to_string(&path).expect("read");
+        let statuses: Vec<u64> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["status"].as_u64().expect("status"))
+            .collect();
+        assert_eq!(statuses, [204, 0], "{text}");
     }
 
     #[test]

@@ -212,10 +212,15 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
             message: format!("{} {path} has no access rule; refused", request.method()),
         }),
     };
-    let started = std::time::Instant::now();
-    let method = request.method().clone();
-    let sent_path = request.uri().path().to_string();
     let remote = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.remote);
+    // Recorded when answered, or (a change) when dropped unanswered.
+    let call = crate::audit::AuditedCall::begin(
+        control.audit(),
+        caller.to_string(),
+        remote.map(|addr| addr.to_string()),
+        request.method().as_str(),
+        request.uri().path(),
+    );
     let response = match decision {
         Err(refusal) => {
             drain_refused_body(request).await;
@@ -223,18 +228,7 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
         }
         Ok(()) => next.run(request).await,
     };
-    let status = response.status().as_u16();
-    if crate::audit::audited(method.as_str(), status) {
-        control.audit().record(&crate::audit::AuditRecord {
-            unix_ms: crate::plane::now_unix_ms(),
-            caller: caller.to_string(),
-            remote: remote.map(|addr| addr.to_string()),
-            method: method.as_str(),
-            path: &sent_path,
-            status,
-            millis: started.elapsed().as_millis() as u64,
-        });
-    }
+    call.answered(response.status().as_u16());
     response
 }
 

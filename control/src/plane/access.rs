@@ -229,11 +229,13 @@ impl ControlPlane {
     /// (every check compares the end with the clock).
     pub fn expire_grants(&self) {
         let now = now_unix_ms();
-        let Ok(mut map) = self.access.grants.write() else { return };
-        let ended: Vec<u64> = map.values().filter(|g| g.expired(now)).map(|g| g.id).collect();
-        if ended.is_empty() {
+        // Looked at under the read lock: opens check grants meanwhile.
+        let any_ended = self.access.grants.read().is_ok_and(|map| map.values().any(|g| g.expired(now)));
+        if !any_ended {
             return;
         }
+        let Ok(mut map) = self.access.grants.write() else { return };
+        let ended: Vec<u64> = map.values().filter(|g| g.expired(now)).map(|g| g.id).collect();
         map.retain(|_, g| !g.expired(now));
         drop(map);
         self.access.revoked();
