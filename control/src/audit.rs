@@ -75,9 +75,7 @@ impl AuditedCall {
 
     fn record(&self, status: u16) {
         self.log.record(&AuditRecord {
-            unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            unix_ms: crate::plane::now_unix_ms(),
             caller: self.caller.clone(),
             remote: self.remote.clone(),
             method: &self.method,
@@ -90,15 +88,20 @@ impl AuditedCall {
 
 impl Drop for AuditedCall {
     fn drop(&mut self) {
-        if !self.recorded && audited(&self.method, 200) {
+        if !self.recorded && changes(&self.method) {
             self.record(0);
         }
     }
 }
 
+/// Whether a call with this method may change something.
+fn changes(method: &str) -> bool {
+    !matches!(method, "GET" | "HEAD")
+}
+
 /// Whether a call with this method and answer is recorded.
 pub fn audited(method: &str, status: u16) -> bool {
-    !matches!(method, "GET" | "HEAD") || status == 401 || status == 403
+    changes(method) || status == 401 || status == 403
 }
 
 /// Where records go besides the node's log.

@@ -227,7 +227,7 @@ impl Sources {
                 )
             }
             "file" => Arc::new(object_store::local::LocalFileSystem::new()),
-            other => return Err(format!("scheme {other}: expected s3, gs, az, http, https or file")),
+            other => return Err(unknown_scheme(other)),
         };
         Ok(store)
     }
@@ -367,6 +367,13 @@ fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Att
     }
 }
 
+/// The schemes [`Sources::build`] makes a store for.
+const SCHEMES: [&str; 10] = ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "file"];
+
+fn unknown_scheme(scheme: &str) -> String {
+    format!("scheme {scheme}: expected s3, gs, az, http, https or file")
+}
+
 /// `url` parsed as a source: an object or a prefix, with nothing after
 /// its path. A `?` or `#` in a key is written `%3F` or `%23`; a query
 /// string (a presigned URL's signature, say) is refused rather than
@@ -374,9 +381,8 @@ fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Att
 fn parse_source_url(url: &str) -> Result<Url, SourceError> {
     let bad = |why: String| SourceError::BadUrl { url: url.to_string(), why };
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    const SCHEMES: [&str; 10] = ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "file"];
     if !SCHEMES.contains(&parsed.scheme()) {
-        return Err(bad(format!("scheme {}: expected s3, gs, az, http, https or file", parsed.scheme())));
+        return Err(bad(unknown_scheme(parsed.scheme())));
     }
     if parsed.password().is_some() {
         return Err(bad(
