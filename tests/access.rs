@@ -355,10 +355,20 @@ fn changes_and_refusals_leave_an_audit_record_without_a_credential() {
     assert_eq!(call(&node, Some(&token), "GET", "/v1/datasets/a", b"").0, 200, "a read: not recorded");
     assert_eq!(call(&node, Some(&token), "DELETE", "/v1/datasets/a", b"").0, 403);
     assert_eq!(call(&node, None, "POST", "/v1/grants", br#"{"dataset":"a","client":"x"}"#).0, 401);
+    // On the data port: no token, a token that is no grant, and the grant
+    // asking for a name it does not cover are refused and recorded; its
+    // own dataset opens, a read, and is not.
+    let client = Client::connect(&node.endpoint).expect("connect");
+    let open = |name: &str, token: Option<&str>| {
+        client.open_with(name, OpenOptions { token: token.map(str::to_string), ..OpenOptions::default() })
+    };
+    let wrong = format!("{}0", &token[..token.len() - 1]);
+    assert!(open("a", None).is_err() && open("a", Some(&wrong)).is_err() && open("b", Some(&token)).is_err());
+    open("a", Some(&token)).expect("the grant opens its dataset");
     node.ctl_ok(&["dataset", "rm", "a"]);
 
     let text = std::fs::read_to_string(&audit).expect("audit log");
-    for (what, secret) in [("grant token", &token), ("operator token", &admin)] {
+    for (what, secret) in [("grant token", &token), ("wrong token", &wrong), ("operator token", &admin)] {
         assert!(!text.contains(&secret[7..]), "the {what} is in the audit log");
     }
     let records: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
@@ -382,4 +392,16 @@ fn changes_and_refusals_leave_an_audit_record_without_a_credential() {
     assert_eq!((stranger["caller"].as_str(), stranger["status"].as_u64()), (Some("anonymous"), Some(401)));
     assert_eq!(find("DELETE", "/v1/datasets/a", false)["caller"], operator.as_str());
     assert!(records.iter().all(|r| r["method"] != "GET" || r["status"] == 401 || r["status"] == 403), "{text}");
+    assert!(stranger["reason"].as_str().is_some_and(|r| r.contains("needs a credential")), "{stranger}");
+
+    let opens: Vec<&Value> = records.iter().filter(|r| r["method"] == "OPEN").collect();
+    let callers: Vec<(&str, &str)> =
+        opens.iter().map(|r| (r["caller"].as_str().unwrap_or("?"), r["path"].as_str().unwrap_or("?"))).collect();
+    let holder = format!("grant {grant_id} on a");
+    assert_eq!(callers, [("anonymous", "a"), ("an invalid credential", "a"), (holder.as_str(), "b")], "{text}");
+    for open in opens {
+        assert_eq!(open["status"], 403, "{open}");
+        assert!(open["remote"].as_str().is_some_and(|r| r.starts_with("127.0.0.1:")), "{open}");
+        assert!(open["reason"].as_str().is_some_and(|r| !r.is_empty()), "{open}");
+    }
 }

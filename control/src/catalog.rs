@@ -26,7 +26,7 @@ const NEXT_GRANT_ID: &str = "next_grant_id";
 /// Most datasets one node's catalog holds.
 pub const DATASETS_MAX: usize = 65_536;
 /// Longest dataset name.
-pub const NAME_BYTES_MAX: usize = 128;
+pub const NAME_BYTES_MAX: usize = sluice_proto::codec::DATASET_NAME_BYTES_MAX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {

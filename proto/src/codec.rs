@@ -62,6 +62,10 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Longest dataset name, in bytes: the catalog takes no longer one, so a
+/// node answers an `Open` of a longer name without looking it up.
+pub const DATASET_NAME_BYTES_MAX: usize = 128;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ControlMessage {
     Hello { protocol: u32, client: String },

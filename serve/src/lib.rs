@@ -21,4 +21,4 @@ pub mod tcp;
 
 pub use config::{ServerConfig, SocketIo};
 pub use read_through::ReadThrough;
-pub use session::{DatasetResolver, OpenError, Opened};
+pub use session::{DatasetResolver, OpenError, Opened, Peer};

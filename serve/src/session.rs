@@ -36,18 +36,27 @@ pub const HANDLES_PER_SESSION_MAX: usize = 1024;
 /// Resolves dataset names for `Open` and decides access: the catalog's side
 /// of the server.
 pub trait DatasetResolver: Send + Sync + 'static {
-    /// Opens `name` for a client that gave `token` and, over TLS with a
-    /// client certificate, is `peer_name` (the certificate's CN).
+    /// Opens `name` for `peer`, a client that gave `token`.
     fn open(
         &self,
         name: String,
         token: Option<String>,
-        peer_name: Option<String>,
+        peer: Peer,
     ) -> impl Future<Output = Result<Opened, OpenError>> + Send;
     /// Whether the grant an open was made under still stands.
     fn grant_live(&self, grant: u64) -> bool;
     /// Changes whenever a grant is revoked.
     fn revocations(&self) -> watch::Receiver<u64>;
+}
+
+/// Who is at the other end of a session, as far as its transport knows:
+/// what the access check and a refusal's audit record need.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// Where the connection comes from.
+    pub addr: Option<std::net::SocketAddr>,
+    /// Over TLS with a client certificate, the certificate's CN.
+    pub cert_name: Option<String>,
 }
 
 /// A dataset opened for a client.
@@ -261,6 +270,18 @@ impl Session {
                 Ok(ControlAction::Reply(ControlMessage::Error {
                     code: ErrorCode::Protocol,
                     message: format!("more than {HANDLES_PER_SESSION_MAX} datasets open"),
+                }))
+            }
+            ControlMessage::Open { name, .. } if name.len() > codec::DATASET_NAME_BYTES_MAX => {
+                // No dataset has such a name, so saying so tells nothing;
+                // the name is not repeated, since it may not fit a reply.
+                Ok(ControlAction::Reply(ControlMessage::Error {
+                    code: ErrorCode::UnknownDataset,
+                    message: format!(
+                        "a dataset name is at most {} bytes; this one is {}",
+                        codec::DATASET_NAME_BYTES_MAX,
+                        name.len()
+                    ),
                 }))
             }
             ControlMessage::Open { name, token } => {

@@ -18,7 +18,7 @@ use sluice_proto::wire::RangeDescriptor;
 use sluice_proto::RangeStatus;
 use sluice_serve::metrics::DatasetCounters;
 use sluice_serve::tcp::TcpServer;
-use sluice_serve::{DatasetResolver, OpenError, Opened, ServerConfig};
+use sluice_serve::{DatasetResolver, OpenError, Opened, Peer, ServerConfig};
 use sluice_transport::tcp::TcpClient;
 use tokio::sync::watch;
 
@@ -84,7 +84,7 @@ impl DatasetResolver for OneDataset {
         &self,
         _name: String,
         _token: Option<String>,
-        _peer_name: Option<String>,
+        _peer: Peer,
     ) -> impl Future<Output = Result<Opened, OpenError>> + Send {
         let info = OpenInfo {
             kind: "bytes".into(),

@@ -221,15 +221,18 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
         request.method().as_str(),
         request.uri().path(),
     );
-    let response = match decision {
+    match decision {
         Err(refusal) => {
             drain_refused_body(request).await;
+            call.refused(refusal.status, &refusal.message);
             ApiError::from(refusal).into_response()
         }
-        Ok(()) => next.run(request).await,
-    };
-    call.answered(response.status().as_u16());
-    response
+        Ok(()) => {
+            let response = next.run(request).await;
+            call.answered(response.status().as_u16());
+            response
+        }
+    }
 }
 
 /// How much of a refused request's body is read, and for how long, so a

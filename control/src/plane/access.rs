@@ -251,39 +251,70 @@ impl ControlPlane {
     /// The grant `token` gives for `dataset` (checked against the dataset's
     /// id, not only its name), or why there is none. An unknown dataset
     /// and one the grant does not cover get the same answer, so a grant
-    /// holder cannot probe which names exist.
+    /// holder cannot probe which names exist. A refusal leaves an audit
+    /// record, as one on the control API does.
     pub(super) fn check_grant(
         &self,
         dataset: &str,
         token: Option<&str>,
-        peer_name: Option<&str>,
+        peer: &Peer,
     ) -> Result<Option<u64>, OpenError> {
         if self.insecure() {
             return Ok(None);
         }
-        let denied = |message: String| OpenError { code: ErrorCode::AccessDenied, message };
+        self.grant_decision(dataset, token, peer.cert_name.as_deref()).map_err(|(caller, message)| {
+            crate::audit::AuditedCall::begin(
+                self.audit(),
+                caller.to_string(),
+                peer.addr.map(|addr| addr.to_string()),
+                crate::audit::DATA_PORT_OPEN,
+                dataset,
+            )
+            .refused(403, &message);
+            OpenError { code: ErrorCode::AccessDenied, message }
+        })
+    }
+
+    /// [`Self::check_grant`]'s decision: the grant, or who was refused (as
+    /// an audit record names them) and why.
+    fn grant_decision(
+        &self,
+        dataset: &str,
+        token: Option<&str>,
+        cert_name: Option<&str>,
+    ) -> Result<Option<u64>, (crate::auth::Caller, String)> {
+        use crate::auth::Caller;
         let Some(token) = token else {
-            return Err(denied(format!(
-                "reading {dataset} needs a grant: this node checks access (issue one with \
-                 `sluicectl grant create {dataset} --client ID` and pass its token, e.g. SLUICE_TOKEN)"
-            )));
+            return Err((
+                Caller::Anonymous,
+                format!(
+                    "reading {dataset} needs a grant: this node checks access (issue one with \
+                     `sluicectl grant create {dataset} --client ID` and pass its token, e.g. SLUICE_TOKEN)"
+                ),
+            ));
         };
         let Some(grant) = self.grant_for_token(token) else {
-            return Err(denied(format!(
-                "the token given for {dataset} is not a grant on this node (revoked or never issued)"
-            )));
+            return Err((
+                Caller::Invalid(String::new()),
+                format!("the token given for {dataset} is not a grant on this node (revoked or never issued)"),
+            ));
         };
+        let holder =
+            || Caller::Reader { grant: grant.id, dataset: grant.dataset.clone(), dataset_id: grant.dataset_id };
         if grant.expired(now_unix_ms()) {
-            return Err(denied(format!("the grant given for {dataset} has ended: ask for a new one")));
+            return Err((holder(), format!("the grant given for {dataset} has ended: ask for a new one")));
         }
-        if let Some(bound) = grant.cert_name.as_deref().filter(|bound| peer_name != Some(*bound)) {
-            return Err(denied(format!(
-                "this grant is bound to the client certificate {bound:?}; connect over TLS with that certificate"
-            )));
+        if let Some(bound) = grant.cert_name.as_deref().filter(|bound| cert_name != Some(*bound)) {
+            return Err((
+                holder(),
+                format!(
+                    "this grant is bound to the client certificate {bound:?}; connect over TLS with that certificate"
+                ),
+            ));
         }
         let covered = self.catalog.get(dataset).ok().flatten().is_some_and(|record| record.id == grant.dataset_id);
         if !covered {
-            return Err(denied(format!("this grant does not cover a dataset named {dataset:?}")));
+            return Err((holder(), format!("this grant does not cover a dataset named {dataset:?}")));
         }
         tracing::debug!(grant = grant.id, client = grant.client, dataset, "open granted");
         Ok(Some(grant.id))

@@ -12,7 +12,7 @@ use sluice_dataplane::{BlockDriver, DataPlane, DatasetSlot, DatasetView, Namespa
 use sluice_proto::CHUNK_SIZE_BYTES;
 use sluice_proto::{ErrorCode, NodeInfo, OpenInfo};
 use sluice_serve::metrics::DatasetCounters;
-use sluice_serve::{DatasetResolver, OpenError, Opened};
+use sluice_serve::{DatasetResolver, OpenError, Opened, Peer};
 
 use crate::auth::AccessPolicy;
 use crate::catalog::{

@@ -84,8 +84,8 @@ impl Resolver {
 }
 
 impl DatasetResolver for Resolver {
-    async fn open(&self, name: String, token: Option<String>, peer_name: Option<String>) -> Result<Opened, OpenError> {
-        let opening = Arc::clone(&self.control).open_dataset(name, token, peer_name);
+    async fn open(&self, name: String, token: Option<String>, peer: Peer) -> Result<Opened, OpenError> {
+        let opening = Arc::clone(&self.control).open_dataset(name, token, peer);
         self.runtime
             .spawn(opening)
             .await
@@ -247,10 +247,10 @@ impl ControlPlane {
         self: Arc<Self>,
         name: String,
         token: Option<String>,
-        peer_name: Option<String>,
+        peer: Peer,
     ) -> Result<Opened, OpenError> {
         // Access first: nothing is attached for a client without a grant.
-        let grant = self.check_grant(&name, token.as_deref(), peer_name.as_deref())?;
+        let grant = self.check_grant(&name, token.as_deref(), &peer)?;
         let (slot, info) = self.open_for_read(&name).await.map_err(|err| {
             let code = match &err {
                 ControlError::Catalog(CatalogError::Unknown(_)) => ErrorCode::UnknownDataset,

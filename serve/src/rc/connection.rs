@@ -511,8 +511,9 @@ impl<R: DatasetResolver> Connection<R> {
             ControlAction::Reply(reply) => Ok(Some(reply)),
             ControlAction::Silent => Ok(None),
             ControlAction::Resolve { name, token } => {
-                let outcome = self.resolver.open(name.clone(), token, None).await;
-                // The peer's address is not taken from the CM id: the
+                let peer = Peer { addr: self.qp.id().peer_addr(), cert_name: None };
+                let outcome = self.resolver.open(name.clone(), token, peer).await;
+                // The flow's key is not the peer's address: the
                 // sk_reuseport steering it feeds is for TCP listeners.
                 let plane = &self.device.plane;
                 let reply = self.session.opened(name, outcome, || plane.open_flow([0; 16]));

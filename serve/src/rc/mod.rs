@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::ServerConfig;
 use crate::metrics::{settle_outcome, DatasetCounters};
-use crate::session::{Admission, ControlAction, DatasetResolver, Fatal, Session};
+use crate::session::{Admission, ControlAction, DatasetResolver, Fatal, Peer, Session};
 
 mod connection;
 mod writes;

@@ -145,6 +145,22 @@ fn a_refused_open_leaves_no_handle_and_no_authentication() {
     assert!(!session.authenticated(), "the handshake deadline still runs");
 }
 
+/// A name no dataset can have is answered without asking the catalog, in
+/// a reply that fits a frame however long the name.
+#[test]
+fn a_name_longer_than_any_dataset_is_answered_here() {
+    let mut session = Session::new(limits(), Instant::now());
+    session.control(hello()).expect("hello");
+    let longest = "n".repeat(codec::DATASET_NAME_BYTES_MAX);
+    assert!(matches!(session.control(open(&longest)), Ok(ControlAction::Resolve { .. })));
+    let long = "n".repeat(wire::CONTROL_PAYLOAD_MAX_BYTES as usize - 64);
+    let Ok(ControlAction::Reply(reply)) = session.control(open(&long)) else { panic!("answered here") };
+    let ControlMessage::Error { code: ErrorCode::UnknownDataset, message } = &reply else { panic!("{reply:?}") };
+    assert!(message.contains("at most 128 bytes"), "{message}");
+    assert!(codec::encode(&reply).is_ok_and(|b| b.len() < 256));
+    assert!(!session.authenticated());
+}
+
 #[test]
 fn the_handle_table_is_bounded() {
     let flows = Arc::new(FlowTable::new());

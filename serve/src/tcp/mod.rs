@@ -36,7 +36,7 @@ use crate::deadline;
 use crate::metrics::{settle_outcome, DatasetCounters};
 use crate::read_through;
 use crate::session::DatasetResolver;
-use crate::session::{Admission, ControlAction, Fatal, Session};
+use crate::session::{Admission, ControlAction, Fatal, Peer, Session};
 use sluice_proto::codec::{self, ControlMessage, ErrorCode};
 use sluice_proto::wire::{self, BatchStatus, FrameKind};
 use sluice_transport::frame::{control_frame, read_frame_header};
@@ -267,10 +267,10 @@ impl<R: DatasetResolver> Connection<R> {
         let within = self.config.handshake_timeout.min(TLS_HANDSHAKE_TIMEOUT_DEFAULT);
         match timer::timeout(within, handshake).await {
             Ok(Ok(stream)) => {
-                let peer_name = sluice_transport::tls::peer_name(stream.get_ref().1.peer_certificates());
+                let cert_name = sluice_transport::tls::peer_name(stream.get_ref().1.peer_certificates());
                 let (reader, writer) = tokio::io::split(stream);
                 let reader = tokio::io::BufReader::with_capacity(REQUEST_BUFFER_BYTES, reader);
-                self.serve(reader, StreamSink::new(writer), peer_name).await;
+                self.serve(reader, StreamSink::new(writer), cert_name).await;
             }
             Ok(Err(err)) => tracing::info!(peer = %self.peer, "TLS handshake failed: {err}"),
             Err(_) => tracing::info!(peer = %self.peer, "no TLS handshake within {within:?}"),
@@ -278,10 +278,10 @@ impl<R: DatasetResolver> Connection<R> {
     }
 
     /// Serves one connection's frames once its transport (plain or TLS)
-    /// is up; `peer_name` is the client certificate's CN, if any. The
+    /// is up; `cert_name` is the client certificate's CN, if any. The
     /// reader is buffered: a request's frame header and its descriptors
     /// (and the next requests a client pipelined) come out of one `recv`.
-    async fn serve<Rd, Sk>(self, mut reader: Rd, writer: Sk, peer_name: Option<String>)
+    async fn serve<Rd, Sk>(self, mut reader: Rd, writer: Sk, cert_name: Option<String>)
     where
         Rd: AsyncRead + Unpin,
         Sk: FrameSink,
@@ -304,7 +304,7 @@ impl<R: DatasetResolver> Connection<R> {
         // whole connection goes, not only its writing half.
         let mut writer_done = false;
         let outcome = tokio::select! {
-            outcome = self.read_loop(&mut reader, &to_writer, &semaphore, &mut session, &peer_name) => outcome,
+            outcome = self.read_loop(&mut reader, &to_writer, &semaphore, &mut session, cert_name) => outcome,
             _ = &mut writer => {
                 writer_done = true;
                 Err(Fatal::Link("the client did not drain its responses".into()))
@@ -359,8 +359,9 @@ impl<R: DatasetResolver> Connection<R> {
         to_writer: &ToWriter,
         semaphore: &Arc<Semaphore>,
         session: &mut Session,
-        peer_name: &Option<String>,
+        cert_name: Option<String>,
     ) -> Result<(), Fatal> {
+        let peer = Peer { addr: Some(self.peer), cert_name };
         let mut revocations = self.resolver.revocations();
         let mut payload = Vec::new();
         let credits = self.config.credits.max(1) as usize;
@@ -391,7 +392,7 @@ impl<R: DatasetResolver> Connection<R> {
                         ControlAction::Reply(reply) => reply,
                         ControlAction::Silent => continue,
                         ControlAction::Resolve { name, token } => {
-                            let asked = self.resolver.open(name.clone(), token, peer_name.clone());
+                            let asked = self.resolver.open(name.clone(), token, peer.clone());
                             let outcome = self.unless_revoked(session, &mut revocations, asked).await?;
                             session.opened(name, outcome, || self.plane.open_flow(peer_key(self.peer.ip())))
                         }
