@@ -234,3 +234,45 @@ fn a_rotated_certificate_is_served_without_a_restart() {
     let options = OpenOptions { token: grant["token"].as_str().map(String::from), ..OpenOptions::default() };
     client.open_with("r", options).expect("the data port serves the new pair too");
 }
+
+/// The client CA is followed as the certificate is: a CA rotated as
+/// trust-manager does it (a bundle of the old and the new CA, then the new
+/// alone) admits each operator certificate while its CA is in the file,
+/// without a restart.
+#[test]
+fn a_rotated_client_ca_is_followed_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).expect("mkdir");
+    let node_ca = authority(&pki, "node-ca");
+    let (old_ca, new_ca) = (authority(&pki, "old-client-ca"), authority(&pki, "new-client-ca"));
+    let (node_cert, node_key) = issue(&pki, &node_ca, "node", true);
+    let old_ops = issue(&pki, &old_ca, "ops-old", false);
+    let new_ops = issue(&pki, &new_ca, "ops-new", false);
+    let client_ca = dir.path().join("client-ca.pem");
+    std::fs::copy(&old_ca.pem, &client_ca).expect("copy");
+    let config = dir.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "tls_cert = {node_cert:?}\ntls_key = {node_key:?}\ntls_client_ca = {client_ca:?}\n\
+             operator_cert_names = [\"ops-old\", \"ops-new\"]\n"
+        ),
+    )
+    .expect("config");
+    let node = NodeProcess::start_secure_with(&dir.path().join("node"), &["--config", path(&config)]);
+    let administers = |(cert, key): &(std::path::PathBuf, std::path::PathBuf)| {
+        let args = ["--ca-file", path(&node_ca.pem), "--cert", path(cert), "--key", path(key), "dataset", "ls"];
+        node.ctl_anonymous(&args).status.success()
+    };
+    assert!(administers(&old_ops) && !administers(&new_ops), "the old CA only");
+
+    let pem = |ca: &common::pki::Authority| std::fs::read_to_string(&ca.pem).expect("read CA");
+    std::fs::write(&client_ca, pem(&old_ca) + &pem(&new_ca)).expect("bundle");
+    assert!(common::eventually(10, || administers(&new_ops)), "the new CA, once in the file");
+    assert!(administers(&old_ops), "and the old, while the bundle holds it");
+
+    std::fs::write(&client_ca, pem(&new_ca)).expect("the new CA alone");
+    assert!(common::eventually(10, || !administers(&old_ops)), "the old CA, once gone from the file");
+    assert!(administers(&new_ops));
+}

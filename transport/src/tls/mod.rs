@@ -8,9 +8,9 @@
 //! without a token, a grant bound to a certificate) is decided by
 //! authorization, which then refuses with a reason instead of a bare
 //! handshake failure. The identity a certificate carries is its subject's
-//! common name (CN), as in Kubernetes' x509 authenticator. A listener's
-//! certificate and a client's identity follow their files ([`reload`]): a
-//! rotated pair is taken up without a restart.
+//! common name (CN), as in Kubernetes' x509 authenticator. Certificates,
+//! keys and CA files are followed as they change ([`reload`]): a rotated
+//! pair or CA is taken up without a restart.
 
 mod reload;
 
@@ -109,36 +109,37 @@ fn roots(ca: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
 
 /// A listener's rustls config. With a client CA, clients may present a
 /// certificate signed by it (and one signed by anything else fails the
-/// handshake); clients without one still connect. The certificate and key
-/// are read now and again whenever their files change.
+/// handshake); clients without one still connect. The certificate, its
+/// key and the client CA are read now and again whenever their files
+/// change ([`reload`]).
 pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let certificate = reload::ReloadingCert::load(&files.cert, &files.key, provider())?;
+    let certificate = reload::ReloadingCert::certificate(&files.cert, &files.key, provider())?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &files.client_ca {
-        Some(ca) => {
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(Some(ca))?), provider())
-                    .allow_unauthenticated()
-                    .build()
-                    .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(ca) => builder.with_client_cert_verifier(Arc::new(reload::ReloadingClientCa::client_ca(ca, provider())?)),
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(builder.with_cert_resolver(Arc::new(certificate))))
 }
 
-/// A client's rustls config.
+/// A client's rustls config. A CA file, and the client's own certificate
+/// and key, are read now and again whenever their files change; without
+/// a CA file the public web roots are trusted.
 pub fn client_config(files: &ClientTlsFiles) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(roots(files.ca.as_deref())?);
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &files.ca {
+        Some(ca) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(reload::ReloadingServerCa::server_ca(ca, provider())?)),
+        None => builder.with_root_certificates(roots(None)?),
+    };
     let config = match &files.identity {
         Some((cert, key)) => {
-            builder.with_client_cert_resolver(Arc::new(reload::ReloadingCert::load(cert, key, provider())?))
+            builder.with_client_cert_resolver(Arc::new(reload::ReloadingCert::certificate(cert, key, provider())?))
         }
         None => builder.with_no_client_auth(),
     };

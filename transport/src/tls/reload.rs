@@ -1,35 +1,48 @@
-//! A certificate that follows its files, so a rotated certificate is
-//! served without a restart: a listener's (the control API, the data
-//! port) and a client's identity for mTLS (the node's etcd client, a
-//! training job's certificate-bound grant).
+//! What TLS reads from files, followed as the files change, so a rotated
+//! certificate or CA is used without a restart: a listener's certificate
+//! (the control API, the data port), a client's identity for mTLS (the
+//! node's etcd client, a training job's certificate-bound grant), the
+//! CA a listener checks client certificates against (`tls_client_ca`),
+//! and the CA a client checks the node or etcd against (`--ca-file`,
+//! `etcd_ca`).
 //!
 //! Certificates are short-lived where they are managed: cert-manager
 //! renews at two thirds of a 90-day life and rewrites the Secret's files
 //! in place (a symlink swap in the pod's volume), and etcd and the
 //! Kubernetes components pick the new pair up as they run. A node that
 //! read its pair once at start would serve the old one until it expired,
-//! and every client would then fail at once.
+//! and every client would then fail at once. A CA is rotated by first
+//! trusting a bundle of the old and the new one (trust-manager writes
+//! it), then issuing from the new; the Kubernetes API server follows its
+//! `--client-ca-file` so.
 //!
-//! So the certificate is resolved at each handshake: at most
-//! once every [`RECHECK`] one handshake looks at the two files (device,
-//! inode, length, mtime, following links). If either changed, the pair is
-//! read again and, if the key matches the certificate, served from then
-//! on. A pair that does not load (a key written after its certificate, a
-//! file half copied) is logged and the pair in use is kept; the next
-//! change to either file is tried again. The client CA is read at start
-//! only.
+//! So each is looked up at each handshake ([`Followed`]): at most once
+//! every [`RECHECK`] one handshake looks at the files (device, inode,
+//! length, mtime, following links). If any changed, they are read again
+//! and, if they load (a key that matches its certificate, a CA file of
+//! certificates), used from then on. Files that do not load (a key written
+//! after its certificate, a file half copied) are logged and what is in
+//! use is kept; the next change is tried again.
+//!
+//! A listener whose client CA is followed names no CA in its certificate
+//! request (the `certificate_authorities` hint may be empty): a client
+//! presents the certificate it was given either way.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-use super::{load_certs, load_key, TlsError};
+use super::{load_certs, load_key, roots, TlsError};
 
 /// How often, at most, a handshake looks whether the files changed.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -54,48 +67,62 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
     })
 }
 
-/// The certificate and key files' stamps as last looked at.
-type PairStamp = (Option<FileStamp>, Option<FileStamp>);
+/// Most files one followed thing is read from (a certificate and its key).
+const FILES_MAX: usize = 2;
+
+/// The files' stamps as last looked at (`None`: no such file, or unused).
+type Stamps = [Option<FileStamp>; FILES_MAX];
 
 struct Watch {
     next_check: Instant,
-    seen: PairStamp,
+    seen: Stamps,
 }
 
-/// The certificate a listener serves or a client presents, read again
-/// when its files change.
-pub(super) struct ReloadingCert {
-    cert_path: PathBuf,
-    key_path: PathBuf,
-    provider: Arc<CryptoProvider>,
-    current: RwLock<Arc<CertifiedKey>>,
+/// How a followed thing is read from its files.
+type Read<T> = Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>;
+
+/// Something read from one or two files, read again when they change
+/// (at most once every [`RECHECK`], by the handshake that finds it due).
+pub(super) struct Followed<T> {
+    /// What it is, for the log: "TLS certificate", "client CA".
+    what: &'static str,
+    paths: Vec<PathBuf>,
+    read: Read<T>,
+    current: RwLock<Arc<T>>,
     watch: Mutex<Watch>,
 }
 
-impl std::fmt::Debug for ReloadingCert {
+impl<T> std::fmt::Debug for Followed<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReloadingCert").field("cert", &self.cert_path).field("key", &self.key_path).finish()
+        f.debug_struct("Followed").field("what", &self.what).field("paths", &self.paths).finish()
     }
 }
 
-impl ReloadingCert {
-    /// Reads the pair now: a pair that does not load is an error at
-    /// start, where the operator sees it.
-    pub(super) fn load(cert_path: &Path, key_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let seen = (stamp_of(cert_path), stamp_of(key_path));
-        let current = load_pair(cert_path, key_path, &provider)?;
+impl<T> Followed<T> {
+    /// Reads it now: files that do not load are an error at start, where
+    /// the operator sees it.
+    fn load(what: &'static str, paths: &[&Path], read: Read<T>) -> Result<Self, TlsError> {
+        assert!(!paths.is_empty() && paths.len() <= FILES_MAX, "{what}: {} files", paths.len());
+        let paths: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+        let seen = stamps(&paths);
+        let current = read()?;
         Ok(Self {
-            cert_path: cert_path.to_path_buf(),
-            key_path: key_path.to_path_buf(),
-            provider,
+            what,
+            paths,
+            read,
             current: RwLock::new(Arc::new(current)),
             watch: Mutex::new(Watch { next_check: Instant::now() + RECHECK, seen }),
         })
     }
 
-    /// Takes up the files' new pair if they changed since the last look,
-    /// at most once every [`RECHECK`]; a handshake that finds another
-    /// looking goes on with the pair in use.
+    /// What is in use, after taking up the files' new version if they
+    /// changed since the last look and it is due; a handshake that finds
+    /// another looking goes on with what is in use.
+    fn get(&self) -> Option<Arc<T>> {
+        self.follow_files();
+        self.current.read().ok().map(|current| Arc::clone(&current))
+    }
+
     fn follow_files(&self) {
         let Ok(mut watch) = self.watch.try_lock() else { return };
         let now = Instant::now();
@@ -105,46 +132,187 @@ impl ReloadingCert {
         watch.next_check = now + RECHECK;
         // Stamped before reading: a change during the read is seen at the
         // next look and read again.
-        let stamp = (stamp_of(&self.cert_path), stamp_of(&self.key_path));
+        let stamp = stamps(&self.paths);
         if stamp == watch.seen {
             return;
         }
         watch.seen = stamp;
-        match load_pair(&self.cert_path, &self.key_path, &self.provider) {
-            Ok(pair) => {
+        let first = self.paths[0].display();
+        match (self.read)() {
+            Ok(fresh) => {
                 if let Ok(mut current) = self.current.write() {
-                    *current = Arc::new(pair);
+                    *current = Arc::new(fresh);
                 }
-                tracing::info!(cert = %self.cert_path.display(), "TLS certificate changed on disk: using the new one");
+                tracing::info!(file = %first, "{} changed on disk: using the new one", self.what);
             }
             Err(err) => tracing::warn!(
-                cert = %self.cert_path.display(),
-                "TLS certificate files changed but do not load ({err}); keeping the certificate in use until they change again"
+                file = %first,
+                "{} files changed but do not load ({err}); keeping the one in use until they change again",
+                self.what
             ),
         }
     }
 }
 
+fn stamps(paths: &[PathBuf]) -> Stamps {
+    let mut stamps = [None; FILES_MAX];
+    for (stamp, path) in stamps.iter_mut().zip(paths) {
+        *stamp = stamp_of(path);
+    }
+    stamps
+}
+
+/// The certificate a listener serves or a client presents.
+pub(super) type ReloadingCert = Followed<CertifiedKey>;
+
 impl ReloadingCert {
-    fn pair(&self) -> Option<Arc<CertifiedKey>> {
-        self.follow_files();
-        self.current.read().ok().map(|pair| Arc::clone(&pair))
+    pub(super) fn certificate(
+        cert_path: &Path,
+        key_path: &Path,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, TlsError> {
+        let (cert, key) = (cert_path.to_path_buf(), key_path.to_path_buf());
+        let read = Box::new(move || load_pair(&cert, &key, &provider));
+        Followed::load("TLS certificate", &[cert_path, key_path], read)
     }
 }
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.pair()
+        self.get()
     }
 }
 
 impl ResolvesClientCert for ReloadingCert {
     fn resolve(&self, _root_hints: &[&[u8]], _schemes: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
-        self.pair()
+        self.get()
     }
 
     fn has_certs(&self) -> bool {
         true
+    }
+}
+
+/// A listener's check of client certificates against `tls_client_ca`.
+/// A client without a certificate is let through to authorization, as
+/// [`super::server_config`] says.
+pub(super) type ReloadingClientCa = Followed<Arc<dyn ClientCertVerifier>>;
+
+impl ReloadingClientCa {
+    pub(super) fn client_ca(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let ca = ca_path.to_path_buf();
+        let read = Box::new(move || {
+            let roots = Arc::new(roots(Some(&ca))?);
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
+            Ok(verifier)
+        });
+        Followed::load("client CA", &[ca_path], read)
+    }
+
+    fn verifier(&self) -> Result<Arc<dyn ClientCertVerifier>, rustls::Error> {
+        self.get().map(|v| Arc::clone(&*v)).ok_or_else(|| rustls::Error::General("client CA lock poisoned".into()))
+    }
+}
+
+impl ClientCertVerifier for ReloadingClientCa {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // The subjects of a CA that may change under this borrow cannot
+        // be lent out; the hint is optional.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.verifier()?.verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()?.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()?.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier().map(|v| v.supported_verify_schemes()).unwrap_or_default()
+    }
+}
+
+/// A client's check of the node's (or etcd's) certificate against its
+/// CA file.
+pub(super) type ReloadingServerCa = Followed<Arc<rustls::client::WebPkiServerVerifier>>;
+
+impl ReloadingServerCa {
+    pub(super) fn server_ca(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let ca = ca_path.to_path_buf();
+        let read = Box::new(move || {
+            let roots = Arc::new(roots(Some(&ca))?);
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+                .build()
+                .map_err(|e| TlsError::Config(format!("CA file {}: {e}", ca.display())))
+        });
+        Followed::load("CA file", &[ca_path], read)
+    }
+
+    fn verifier(&self) -> Result<Arc<rustls::client::WebPkiServerVerifier>, rustls::Error> {
+        self.get().map(|v| Arc::clone(&*v)).ok_or_else(|| rustls::Error::General("CA lock poisoned".into()))
+    }
+}
+
+impl ServerCertVerifier for ReloadingServerCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.verifier()?.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()?.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()?.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier().map(|v| v.supported_verify_schemes()).unwrap_or_default()
     }
 }
 
@@ -200,7 +368,7 @@ mod tests {
         write(&cert_path, &first_cert, 1);
         write(&key_path, &first_key, 1);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let cert = ReloadingCert::load(&cert_path, &key_path, provider).expect("load");
+        let cert = ReloadingCert::certificate(&cert_path, &key_path, provider).expect("load");
         assert_eq!(serving(&cert), der(&first_cert));
 
         cert.follow_files();
@@ -232,6 +400,64 @@ mod tests {
         std::fs::remove_file(&key_path).expect("remove");
         look(&cert);
         assert_eq!(serving(&cert), der(&third_cert));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// A CA (its PEM) and a certificate it signed for localhost, as DER.
+    fn signed_by_a_new_ca(client: bool) -> (String, CertificateDer<'static>) {
+        use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().expect("key");
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let mut leaf_params = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+        leaf_params.extended_key_usages =
+            vec![if client { ExtendedKeyUsagePurpose::ClientAuth } else { ExtendedKeyUsagePurpose::ServerAuth }];
+        let leaf = leaf_params.signed_by(&KeyPair::generate().expect("key"), &ca, &ca_key).expect("leaf");
+        (ca.pem(), leaf.der().clone())
+    }
+
+    /// A listener's client CA and a client's CA file are followed: after a
+    /// bundle of the old and the new CA, both sign; after the new alone,
+    /// only it does; a broken file keeps the CA in use.
+    #[test]
+    fn rotated_cas_are_trusted_as_their_files_say() {
+        let dir = std::env::temp_dir().join(format!("sluice-tls-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let provider = || Arc::new(rustls::crypto::ring::default_provider());
+        let now = UnixTime::now();
+        let localhost = ServerName::try_from("localhost").expect("name");
+
+        let client_ca = dir.join("client-ca.pem");
+        let (old_ca, old_client) = signed_by_a_new_ca(true);
+        let (new_ca, new_client) = signed_by_a_new_ca(true);
+        write(&client_ca, &old_ca, 1);
+        let listener = ReloadingClientCa::client_ca(&client_ca, provider()).expect("load");
+        let admits = |cert: &CertificateDer<'_>| {
+            listener.watch.lock().expect("lock").next_check = Instant::now();
+            listener.verify_client_cert(cert, &[], now).is_ok()
+        };
+        assert!(admits(&old_client) && !admits(&new_client), "the old CA only");
+        write(&client_ca, &format!("{old_ca}{new_ca}"), 2);
+        assert!(admits(&old_client) && admits(&new_client), "the bundle: both");
+        write(&client_ca, &new_ca, 3);
+        assert!(!admits(&old_client) && admits(&new_client), "the new CA only");
+        write(&client_ca, "half a file", 4);
+        assert!(!admits(&old_client) && admits(&new_client), "a broken file keeps the CA in use");
+        assert!(!listener.client_auth_mandatory(), "a client without a certificate goes on to authorization");
+
+        let server_ca = dir.join("ca.pem");
+        let (old_ca, old_server) = signed_by_a_new_ca(false);
+        let (new_ca, new_server) = signed_by_a_new_ca(false);
+        write(&server_ca, &old_ca, 1);
+        let client = ReloadingServerCa::server_ca(&server_ca, provider()).expect("load");
+        let trusts = |cert: &CertificateDer<'_>| {
+            client.watch.lock().expect("lock").next_check = Instant::now();
+            client.verify_server_cert(cert, &[], &localhost, &[], now).is_ok()
+        };
+        assert!(trusts(&old_server) && !trusts(&new_server));
+        write(&server_ca, &new_ca, 2);
+        assert!(!trusts(&old_server) && trusts(&new_server));
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
