@@ -202,6 +202,39 @@ fn operator_tokens_come_from_a_private_file_or_the_first_start() {
     assert_eq!(call(&node, Some("first-operator-token-0002"), "GET", "/v1/datasets", b"").0, 401);
 }
 
+/// The operator token file is followed: a token removed from it is
+/// refused and one added is taken, within a second or two, without a
+/// restart. An edit that leaves the file unreadable to the node's checks
+/// (readable by others, emptied) changes nothing: the tokens in use stay.
+#[test]
+fn an_operator_token_removed_from_its_file_is_refused_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("operators");
+    let write_tokens = |text: &str, mode: u32| {
+        // Written aside and renamed over, as an editor or a Secret volume does.
+        let next = dir.path().join("operators.next");
+        std::fs::write(&next, text).expect("write");
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        std::fs::rename(&next, &tokens).expect("rename");
+    };
+    write_tokens("leaked-operator-token-001\n", 0o600);
+    let node =
+        NodeProcess::start_secure_with(&dir.path().join("node"), &["--admin-tokens", tokens.to_str().expect("utf-8")]);
+    let status = |token: &str| call(&node, Some(token), "GET", "/v1/datasets", b"").0;
+    assert_eq!((status("leaked-operator-token-001"), status("fresh-operator-token-0002")), (200, 401));
+
+    write_tokens("# rotated\nfresh-operator-token-0002\n", 0o600);
+    assert!(common::eventually(10, || status("leaked-operator-token-001") == 401), "the removed token is refused");
+    assert_eq!(status("fresh-operator-token-0002"), 200, "the added one is taken");
+
+    for (broken, mode) in [("leaked-operator-token-001\n", 0o644), ("# nobody\n", 0o600)] {
+        write_tokens(broken, mode);
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        let now = (status("leaked-operator-token-001"), status("fresh-operator-token-0002"));
+        assert_eq!(now, (401, 200), "{broken:?} mode {mode:o}: the tokens in use stay");
+    }
+}
+
 #[test]
 fn listeners_off_loopback_need_tls_or_insecure() {
     let dir = tempfile::tempdir().expect("tempdir");

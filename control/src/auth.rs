@@ -58,7 +58,7 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> AuthSetupError + '_ {
 }
 
 /// A set of bearer tokens, kept only as blake3 hashes.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TokenSet {
     hashes: Vec<[u8; 32]>,
 }
@@ -130,6 +130,15 @@ impl TokenSet {
     /// One token, as given (for the quickstart's embedded node and tests).
     pub fn from_token(token: &str) -> Self {
         Self { hashes: vec![*blake3::hash(token.as_bytes()).as_bytes()] }
+    }
+
+    /// How many tokens the set holds.
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
     }
 
     /// Whether `token` is one of the set, in time that depends only on the

@@ -25,6 +25,7 @@ pub mod openapi;
 mod plane;
 pub mod serve;
 pub mod source;
+pub mod token_files;
 pub use sluice_proto::tar;
 
 pub use catalog::{Catalog, CatalogError, CatalogStore, DatasetRecord, DatasetState, NamespaceRecord};

@@ -113,7 +113,7 @@ impl Node {
         // tokens are readable through it by nobody else.
         std::fs::set_permissions(&config.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(data_dir_error)?;
-        let access = access_policy(&config)?;
+        let (access, token_files) = access_policy(&config)?;
         let driver: Arc<dyn BlockDriver> = match config.driver {
             DriverChoice::Uring => Arc::new(UringDriver::new(match config.io_mode {
                 IoModeChoice::Direct => IoMode::Direct,
@@ -387,6 +387,10 @@ impl Node {
         tasks.push(
             control_runtime.spawn(crate::cluster_loops::expire_grants(Arc::clone(&control), shutdown.subscribe())),
         );
+        if let Some(files) = token_files {
+            let follow = sluice_control::token_files::follow(Arc::clone(&control), files, shutdown.subscribe());
+            tasks.push(control_runtime.spawn(follow));
+        }
         {
             // Warms a restart interrupted go on, on the control runtime
             // where their fills belong.
@@ -452,15 +456,18 @@ fn listeners_for_cores(
 
 /// Who may call what: operator tokens from `admin_tokens`, or the node's
 /// own `DATA_DIR/admin.token` made at first start (logged, never printed),
-/// operator certificate names, the scraper's metrics tokens.
-fn access_policy(config: &NodeConfig) -> Result<sluice_control::auth::AccessPolicy, NodeError> {
+/// operator certificate names, the scraper's metrics tokens; and the token
+/// files, to follow as they change (none for `--insecure`).
+fn access_policy(
+    config: &NodeConfig,
+) -> Result<(sluice_control::auth::AccessPolicy, Option<sluice_control::token_files::TokenFiles>), NodeError> {
     use sluice_control::auth::{AccessPolicy, TokenSet};
     let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
     if config.insecure {
-        return Ok(AccessPolicy { insecure: true, ..AccessPolicy::default() });
+        return Ok((AccessPolicy { insecure: true, ..AccessPolicy::default() }, None));
     }
-    let operator_tokens = match &config.admin_tokens {
-        Some(path) => TokenSet::load(path).map_err(access)?,
+    let (operator_tokens, operators_file) = match &config.admin_tokens {
+        Some(path) => (TokenSet::load(path).map_err(access)?, path.clone()),
         None => {
             let (tokens, path, created) = TokenSet::load_or_create(&config.data_dir).map_err(access)?;
             if created {
@@ -473,7 +480,7 @@ fn access_policy(config: &NodeConfig) -> Result<sluice_control::auth::AccessPoli
             } else {
                 tracing::info!("operator token: {}", path.display());
             }
-            tokens
+            (tokens, path)
         }
     };
     let metrics_tokens = match &config.metrics_tokens {
@@ -489,7 +496,8 @@ fn access_policy(config: &NodeConfig) -> Result<sluice_control::auth::AccessPoli
         operator_cert_names: config.operator_cert_names.clone(),
         metrics_tokens,
     };
-    Ok(policy)
+    let files = sluice_control::token_files::TokenFiles::new(operators_file, config.metrics_tokens.clone());
+    Ok((policy, Some(files)))
 }
 
 /// Worker threads of the control runtime.
