@@ -7,22 +7,139 @@
 //! [`TLS_HANDSHAKE_TIMEOUT`], so a peer that opens connections and never
 //! finishes a handshake holds neither the accept loop nor more than one
 //! handshake slot, and only for a while.
+//!
+//! Connections are bounded as requests are ([`ConnectionLimits`]): at
+//! most [`CONNECTIONS_MAX`] open at once (more wait in the kernel's
+//! backlog), and an HTTP/1 request's head must arrive within
+//! [`HEADER_READ_TIMEOUT`], which also ends a kept-alive connection idle
+//! that long. So a peer that opens connections and trickles a header, or
+//! opens them and says nothing, holds a bounded number of descriptors for
+//! a bounded time, where it held one per connection for ever (axum's
+//! `serve` gives hyper no timer, and hyper then waits without end).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::extract::connect_info::ConnectInfo;
+use axum::serve::Listener;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
+use tower::ServiceExt;
 
 /// Handshakes under way at once; more connections wait in the kernel's
 /// backlog.
 pub const TLS_HANDSHAKES_MAX: usize = 256;
 /// How long a client may take to finish its TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections the control API holds open at once.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// How long a client has to send an HTTP/1 request's head, and how long a
+/// kept-alive connection waits for its next request.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often an HTTP/2 connection pings its peer, and how long it waits
+/// for the answer before closing: a vanished client's connection goes.
+const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
+
+/// The bounds on the control API's connections.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    pub connections_max: usize,
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self { connections_max: CONNECTIONS_MAX, header_read_timeout: HEADER_READ_TIMEOUT }
+    }
+}
+
+/// A connection the control API serves: bytes both ways, and the CN of
+/// the client certificate it presented, if any.
+pub trait ControlIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    fn cert_name(&self) -> Option<String>;
+}
+
+impl ControlIo for TcpStream {
+    fn cert_name(&self) -> Option<String> {
+        None
+    }
+}
+
+impl ControlIo for TlsStream<TcpStream> {
+    fn cert_name(&self) -> Option<String> {
+        sluice_transport::tls::peer_name(self.get_ref().1.peer_certificates())
+    }
+}
+
+/// Serves `router` on `listener` until `stop`, within `limits`; then lets
+/// each open connection finish the requests it has under way and returns
+/// once all are closed. Handlers find the peer as
+/// `ConnectInfo<PeerIdentity>`.
+pub async fn serve<L>(mut listener: L, router: axum::Router, limits: ConnectionLimits, stop: impl Future<Output = ()>)
+where
+    L: Listener<Addr = SocketAddr>,
+    L::Io: ControlIo,
+{
+    assert!(limits.connections_max > 0 && limits.connections_max <= u32::MAX as usize);
+    let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let (closing, closing_rx) = watch::channel(false);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot,
+            () = &mut stop => break,
+        };
+        let Ok(slot) = slot else { break };
+        let (io, remote) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let peer = PeerIdentity { remote: Some(remote), cert_name: io.cert_name() };
+        tokio::spawn(serve_connection(io, peer, router.clone(), limits, closing_rx.clone(), slot));
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    // Every connection holds a slot until it is closed.
+    let _ = slots.acquire_many(limits.connections_max as u32).await;
+}
+
+async fn serve_connection<I: ControlIo>(
+    io: I,
+    peer: PeerIdentity,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    mut closing: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let remote = peer.remote;
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer.clone()));
+        router.clone().oneshot(request.map(axum::body::Body::new))
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(HTTP2_KEEP_ALIVE).keep_alive_timeout(HTTP2_KEEP_ALIVE);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    let mut connection = std::pin::pin!(connection);
+    let told_to_close = async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let finished = tokio::select! {
+        finished = connection.as_mut() => finished,
+        () = told_to_close => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(err) = finished {
+        tracing::debug!(peer = ?remote, "control API connection: {err}");
+    }
+}
 
 /// Who is at the other end of a control API connection.
 #[derive(Clone, Debug, Default)]
@@ -30,19 +147,6 @@ pub struct PeerIdentity {
     pub remote: Option<SocketAddr>,
     /// The CN of the client certificate the peer presented over TLS.
     pub cert_name: Option<String>,
-}
-
-impl Connected<IncomingStream<'_, TcpListener>> for PeerIdentity {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
-        Self { remote: Some(*stream.remote_addr()), cert_name: None }
-    }
-}
-
-impl Connected<IncomingStream<'_, TlsListener>> for PeerIdentity {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        let cert_name = sluice_transport::tls::peer_name(stream.io().get_ref().1.peer_certificates());
-        Self { remote: Some(*stream.remote_addr()), cert_name }
-    }
 }
 
 /// A TCP listener whose connections are TLS streams once their handshake
@@ -118,5 +222,58 @@ impl Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A peer that trickles a request head is cut off at the head timeout,
+    /// and connections past the bound wait until one closes; a whole
+    /// request is answered, its handler told the peer's address.
+    #[tokio::test]
+    async fn slow_heads_are_cut_off_and_connections_are_bounded() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = axum::Router::new().route(
+            "/peer",
+            axum::routing::get(|ConnectInfo(peer): ConnectInfo<PeerIdentity>| async move {
+                peer.remote.map(|r| r.to_string()).unwrap_or_default()
+            }),
+        );
+        let limits = ConnectionLimits { connections_max: 2, header_read_timeout: Duration::from_millis(500) };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, limits, async move {
+            let _ = stopped.await;
+        }));
+
+        let started = std::time::Instant::now();
+        let mut slow = Vec::new();
+        for _ in 0..2 {
+            let mut stream = TcpStream::connect(addr).await.expect("connect");
+            stream.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n").await.expect("half a head");
+            slow.push(stream);
+        }
+        // The third waits for a slot: answered only once the slow ones
+        // are cut off.
+        let mut whole = TcpStream::connect(addr).await.expect("connect");
+        let local = whole.local_addr().expect("local");
+        whole.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("request");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), whole.read_to_string(&mut answer))
+            .await
+            .expect("answered once a slot frees")
+            .expect("read");
+        assert!(started.elapsed() >= Duration::from_millis(500), "answered before a slot freed");
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with(&local.to_string()), "{answer}");
+        for mut stream in slow {
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+            assert!(read.is_ok(), "a trickled head is cut off");
+        }
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), server).await.expect("stops").expect("joined");
     }
 }

@@ -73,7 +73,7 @@ pub(super) fn serve_control(
     router: axum::Router,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    use sluice_control::serve::{PeerIdentity, TlsListener};
+    use sluice_control::serve::{serve, ConnectionLimits, TlsListener};
     // Re-registered with the control runtime's reactor, so its sockets
     // are driven there too.
     let listener = listener.into_std();
@@ -88,16 +88,13 @@ pub(super) fn serve_control(
         let stop = async move {
             let _ = shutdown.changed().await;
         };
-        let service = router.into_make_service_with_connect_info::<PeerIdentity>();
-        let served = match tls {
-            None => axum::serve(listener, service).with_graceful_shutdown(stop).await,
+        let limits = ConnectionLimits::default();
+        match tls {
+            None => serve(listener, router, limits, stop).await,
             Some(config) => match TlsListener::new(listener, config) {
-                Ok(listener) => axum::serve(listener, service).with_graceful_shutdown(stop).await,
-                Err(err) => Err(err),
+                Ok(listener) => serve(listener, router, limits, stop).await,
+                Err(err) => tracing::error!("control API: {err}"),
             },
-        };
-        if let Err(err) = served {
-            tracing::error!("control API: {err}");
         }
     })
 }
