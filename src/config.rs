@@ -160,11 +160,18 @@ pub struct NodeConfig {
     /// the file must be private (mode 0600). Without it (and without
     /// `insecure`) the node makes `DATA_DIR/admin.token` at first start.
     pub admin_tokens: Option<PathBuf>,
-    /// Append the control API's audit records (every call that changes
-    /// something and every refused call: who, from where, what, the
-    /// outcome) to this file as JSON lines, besides the node's log (made
-    /// 0600; refused if others can read it). See `sluice_control::audit`.
+    /// Append the audit records (every control API call that changes
+    /// something, every refused call, every refused data-port open: who,
+    /// from where, what, the outcome) to this file as JSON lines, besides
+    /// the node's log (made 0600; refused if others can read it). See
+    /// `sluice_control::audit`.
     pub audit_log: Option<PathBuf>,
+    /// The longest lifetime, in seconds, of a grant this node issues: a
+    /// grant asked for without a lifetime gets this one, and one asked for
+    /// longer is cut to it (as the Kubernetes API server's
+    /// `--service-account-max-token-expiration`). None: grants without a
+    /// lifetime stand until revoked.
+    pub grant_ttl_max_s: Option<u64>,
     /// Serve `GET /metrics`, unauthenticated, on this address of its own
     /// (for a scraper on a monitoring network). With port 0 the kernel
     /// chooses; sluiced prints the bound address
@@ -281,6 +288,7 @@ impl Default for NodeConfig {
             insecure: false,
             admin_tokens: None,
             audit_log: None,
+            grant_ttl_max_s: None,
             metrics_listen: None,
             metrics_tokens: None,
             tls_cert: None,

@@ -173,3 +173,35 @@ fn a_grant_with_a_lifetime_ends_by_itself() {
         assert!(!out.status.success(), "--ttl {ttl} is refused");
     }
 }
+
+/// A node with `grant_ttl_max_s` gives every grant an end: one asked for
+/// without a lifetime gets the longest, a longer one is cut to it, a
+/// shorter one stands as asked; a lifetime outside the API's bounds is
+/// still refused, and so is a bound of 0 at start.
+#[test]
+fn a_node_cuts_grant_lifetimes_to_its_longest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluiced"))
+        .args(["--data-dir", dir.path().join("refused").to_str().expect("utf-8")])
+        .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--grant-ttl-max-s", "0"])
+        .output()
+        .expect("run sluiced");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("grant_ttl_max_s = 0"), "{stderr}");
+
+    let node = NodeProcess::start_secure_with(&dir.path().join("node"), &["--grant-ttl-max-s", "600"]);
+    random_file(&dir.path().join("a.bin"), 10_000, 3);
+    sealed_dataset(&node, "a", &[&dir.path().join("a.bin")]);
+    let lifetime_ms = |ttl: &[&str]| {
+        let args = [&["--json", "grant", "create", "a", "--client", "job"][..], ttl].concat();
+        let grant: Value = serde_json::from_str(&node.ctl_ok(&args)).expect("json");
+        grant["expires_unix_ms"].as_u64().expect("an end") - grant["created_unix_ms"].as_u64().expect("created")
+    };
+    assert_eq!(lifetime_ms(&[]), 600_000, "none asked: the longest");
+    assert_eq!(lifetime_ms(&["--ttl", "12h"]), 600_000, "a longer one: cut");
+    assert_eq!(lifetime_ms(&["--ttl", "90s"]), 90_000, "a shorter one: as asked");
+    for ttl in ["0s", "3651d"] {
+        let out = node.ctl(&["grant", "create", "a", "--client", "x", "--ttl", ttl]);
+        assert!(!out.status.success(), "--ttl {ttl} is refused");
+    }
+}

@@ -163,6 +163,21 @@ pub struct AccessPolicy {
     pub operator_cert_names: Vec<String>,
     /// A scraper's own bearer tokens for `GET /metrics`.
     pub metrics_tokens: Option<TokenSet>,
+    /// The longest lifetime of a grant issued through the API; `None`:
+    /// grants may stand until revoked.
+    pub grant_ttl_max: Option<std::time::Duration>,
+}
+
+impl AccessPolicy {
+    /// The lifetime a grant asked for with `asked` gets: the longest
+    /// allowed when none is asked for or a longer one is.
+    pub fn grant_ttl(&self, asked: Option<std::time::Duration>) -> Option<std::time::Duration> {
+        match (asked, self.grant_ttl_max) {
+            (Some(asked), Some(max)) => Some(asked.min(max)),
+            (None, max) => max,
+            (asked, None) => asked,
+        }
+    }
 }
 
 /// Which operator made a call, as an audit record names them: never the
@@ -349,7 +364,19 @@ mod tests {
             operator_tokens: TokenSet::from_token("operator-token-0123456789"),
             operator_cert_names: vec!["ops-alice".into()],
             metrics_tokens: Some(TokenSet::from_token("scraper-token-0123456789")),
+            grant_ttl_max: None,
         }
+    }
+
+    #[test]
+    fn a_grant_lifetime_is_cut_to_the_longest_allowed() {
+        let hours = |h: u64| Some(std::time::Duration::from_secs(h * 3600));
+        let open = policy();
+        assert_eq!((open.grant_ttl(None), open.grant_ttl(hours(5))), (None, hours(5)));
+        let capped = AccessPolicy { grant_ttl_max: hours(24), ..policy() };
+        assert_eq!(capped.grant_ttl(None), hours(24));
+        assert_eq!(capped.grant_ttl(hours(48)), hours(24));
+        assert_eq!(capped.grant_ttl(hours(5)), hours(5));
     }
 
     /// Each credential gets its role, and each role exactly its calls.

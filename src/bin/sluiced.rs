@@ -156,10 +156,14 @@ struct Args {
     /// takes a copy [default: 60].
     #[arg(long, value_name = "SECONDS")]
     repair_after_s: Option<u64>,
-    /// Append the control API's audit records (changes and refusals) to
-    /// this file as JSON lines.
+    /// Append the audit records (changes and refusals) to this file as
+    /// JSON lines.
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
+    /// The longest lifetime of a grant this node issues: grants asked for
+    /// without one, or a longer one, get this [default: none].
+    #[arg(long, value_name = "SECONDS")]
+    grant_ttl_max_s: Option<u64>,
     /// What source-backed datasets may be fetched from: schemes (s3://)
     /// or URL prefixes (https://host/path/, file:///dir/), replacing the
     /// config's list [default: s3://, gs://, az:// and Azure's other
@@ -224,6 +228,9 @@ fn main() -> ExitCode {
     }
     if args.audit_log.is_some() {
         config.audit_log = args.audit_log;
+    }
+    if args.grant_ttl_max_s.is_some() {
+        config.grant_ttl_max_s = args.grant_ttl_max_s;
     }
     if !args.source_allow.is_empty() {
         config.source_allow = Some(args.source_allow);

@@ -463,8 +463,17 @@ fn access_policy(
 ) -> Result<(sluice_control::auth::AccessPolicy, Option<sluice_control::token_files::TokenFiles>), NodeError> {
     use sluice_control::auth::{AccessPolicy, TokenSet};
     let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
+    let grant_ttl_max = match config.grant_ttl_max_s {
+        Some(s) if s == 0 || s > sluice_proto::api::GRANT_TTL_S_MAX => {
+            return Err(NodeError::Config(format!(
+                "grant_ttl_max_s = {s}: from 1 to {} (ten years)",
+                sluice_proto::api::GRANT_TTL_S_MAX
+            )))
+        }
+        max => max.map(std::time::Duration::from_secs),
+    };
     if config.insecure {
-        return Ok((AccessPolicy { insecure: true, ..AccessPolicy::default() }, None));
+        return Ok((AccessPolicy { insecure: true, grant_ttl_max, ..AccessPolicy::default() }, None));
     }
     let (operator_tokens, operators_file) = match &config.admin_tokens {
         Some(path) => (TokenSet::load(path).map_err(access)?, path.clone()),
@@ -495,6 +504,7 @@ fn access_policy(
         operator_tokens,
         operator_cert_names: config.operator_cert_names.clone(),
         metrics_tokens,
+        grant_ttl_max,
     };
     let files = sluice_control::token_files::TokenFiles::new(operators_file, config.metrics_tokens.clone());
     Ok((policy, Some(files)))

@@ -158,12 +158,14 @@ pub(super) async fn create_grant(
     ApiJson(request): ApiJson<GrantRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let grant = tokio::task::spawn_blocking(move || {
-        control.issue_grant(
-            &request.dataset,
-            &request.client,
-            request.cert_name.as_deref(),
-            request.ttl_s.map(std::time::Duration::from_secs),
-        )
+        // A lifetime outside the API's bounds is refused as asked; one
+        // within them is cut to the node's longest.
+        let asked = request.ttl_s.map(std::time::Duration::from_secs);
+        let ttl = match asked {
+            Some(ttl) if ttl.is_zero() || ttl.as_secs() > sluice_proto::api::GRANT_TTL_S_MAX => asked,
+            _ => control.access().grant_ttl(asked),
+        };
+        control.issue_grant(&request.dataset, &request.client, request.cert_name.as_deref(), ttl)
     })
     .await
     .map_err(|e| internal(e.to_string()))??;
