@@ -21,7 +21,22 @@ use sluice_control::api::Access;
 /// One request as `bearer` (none: anonymous): the status and the error
 /// code of the answer.
 fn call(node: &NodeProcess, bearer: Option<&str>, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    call_with(node, bearer, &[], method, path, body)
+}
+
+/// [`call`] with more headers.
+fn call_with(
+    node: &NodeProcess,
+    bearer: Option<&str>,
+    headers: &[(&str, &str)],
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, String) {
     let mut request = ureq::request(method, &format!("{}{path}", node.endpoint));
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
     if let Some(token) = bearer {
         request = request.set("Authorization", &format!("Bearer {token}"));
     }
@@ -232,6 +247,28 @@ fn an_operator_token_removed_from_its_file_is_refused_without_a_restart() {
         std::thread::sleep(std::time::Duration::from_millis(2500));
         let now = (status("leaked-operator-token-001"), status("fresh-operator-token-0002"));
         assert_eq!(now, (401, 200), "{broken:?} mode {mode:o}: the tokens in use stay");
+    }
+}
+
+/// A page in a browser must not drive the API: not with an operator's
+/// credential the browser holds, not through DNS rebinding to an
+/// `--insecure` node on loopback. Every request with an `Origin` header
+/// (which browsers send with every POST, PUT and DELETE) is refused and
+/// changes nothing; the same requests without one are served.
+#[test]
+fn requests_from_browsers_are_refused_whatever_they_carry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secure = NodeProcess::start_secure(&dir.path().join("secure"));
+    let insecure = NodeProcess::start(&dir.path().join("insecure"));
+    let create = br#"{"name":"made-by-a-page","kind":"bytes"}"#;
+    for node in [&secure, &insecure] {
+        let admin = node.admin_token.clone();
+        for origin in ["http://attacker.example:7070", "null"] {
+            let from_page = call_with(node, admin.as_deref(), &[("Origin", origin)], "POST", "/v1/datasets", create);
+            assert_eq!(from_page, (403, "forbidden".to_string()), "{origin}");
+        }
+        assert!(!node.get("/v1/datasets").expect("list").into_string().expect("body").contains("made-by-a-page"));
+        assert_eq!(call(node, admin.as_deref(), "POST", "/v1/datasets", create).0, 201, "without Origin: served");
     }
 }
 

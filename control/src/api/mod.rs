@@ -196,21 +196,25 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
         control.grant_for_token(token)
     });
     let path = matched.as_ref().map_or("", MatchedPath::as_str);
-    let decision = match access_of(request.method().as_str(), path) {
-        Some(Access::Public) => Ok(()),
-        Some(Access::Operator) => caller.require_operator(),
-        Some(Access::Metrics) => caller.require_scraper(),
-        Some(Access::DatasetReader) => {
-            // `/v1/datasets/{name}...`: the name as sent. A name written
-            // with escapes matches no grant's name, so it is refused.
-            let name = request.uri().path().split('/').nth(3).unwrap_or_default();
-            caller.require_reader_of(name)
+    let decision = if request.headers().contains_key(header::ORIGIN) {
+        Err(browser_refusal())
+    } else {
+        match access_of(request.method().as_str(), path) {
+            Some(Access::Public) => Ok(()),
+            Some(Access::Operator) => caller.require_operator(),
+            Some(Access::Metrics) => caller.require_scraper(),
+            Some(Access::DatasetReader) => {
+                // `/v1/datasets/{name}...`: the name as sent. A name written
+                // with escapes matches no grant's name, so it is refused.
+                let name = request.uri().path().split('/').nth(3).unwrap_or_default();
+                caller.require_reader_of(name)
+            }
+            None => Err(Refusal {
+                status: 403,
+                code: "forbidden",
+                message: format!("{} {path} has no access rule; refused", request.method()),
+            }),
         }
-        None => Err(Refusal {
-            status: 403,
-            code: "forbidden",
-            message: format!("{} {path} has no access rule; refused", request.method()),
-        }),
     };
     let remote = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.remote);
     // Recorded when answered, or (a change) when dropped unanswered.
@@ -232,6 +236,20 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
             call.answered(response.status().as_u16());
             response
         }
+    }
+}
+
+/// The refusal of a request a browser made. Browsers send `Origin` with
+/// every POST, PUT and DELETE (and cross-site reads); sluice's clients
+/// never do. A page a browser loaded must not drive the API: it would
+/// act with the browser's client certificate (an operator's, over mTLS),
+/// or, through DNS rebinding, reach an `--insecure` node on loopback, as
+/// etcd's CVE-2018-1098 did.
+fn browser_refusal() -> Refusal {
+    Refusal {
+        status: 403,
+        code: "forbidden",
+        message: "the control API does not serve browsers: a request with an Origin header is refused".into(),
     }
 }
 
