@@ -118,7 +118,7 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &files.client_ca {
-        Some(ca) => builder.with_client_cert_verifier(Arc::new(reload::ReloadingClientCa::client_ca(ca, provider())?)),
+        Some(ca) => builder.with_client_cert_verifier(Arc::new(reload::ReloadingClientCa::load(ca, provider())?)),
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(builder.with_cert_resolver(Arc::new(certificate))))
@@ -134,7 +134,7 @@ pub fn client_config(files: &ClientTlsFiles) -> Result<Arc<rustls::ClientConfig>
     let builder = match &files.ca {
         Some(ca) => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(reload::ReloadingServerCa::server_ca(ca, provider())?)),
+            .with_custom_certificate_verifier(Arc::new(reload::ReloadingServerCa::load(ca, provider())?)),
         None => builder.with_root_certificates(roots(None)?),
     };
     let config = match &files.identity {

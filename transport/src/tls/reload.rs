@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -193,14 +194,46 @@ impl ResolvesClientCert for ReloadingCert {
     }
 }
 
+/// A handshake's signature checks, which do not depend on the CA: the
+/// provider's algorithms, as rustls' own WebPKI verifiers use them.
+macro_rules! signature_checks {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.algorithms.supported_schemes()
+        }
+    };
+}
+
 /// A listener's check of client certificates against `tls_client_ca`.
 /// A client without a certificate is let through to authorization, as
 /// [`super::server_config`] says.
-pub(super) type ReloadingClientCa = Followed<Arc<dyn ClientCertVerifier>>;
+#[derive(Debug)]
+pub(super) struct ReloadingClientCa {
+    verifier: Followed<Arc<dyn ClientCertVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
 
 impl ReloadingClientCa {
-    pub(super) fn client_ca(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let ca = ca_path.to_path_buf();
+    pub(super) fn load(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let (ca, algorithms) = (ca_path.to_path_buf(), provider.signature_verification_algorithms);
         let read = Box::new(move || {
             let roots = Arc::new(roots(Some(&ca))?);
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
@@ -209,11 +242,7 @@ impl ReloadingClientCa {
                 .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
             Ok(verifier)
         });
-        Followed::load("client CA", &[ca_path], read)
-    }
-
-    fn verifier(&self) -> Result<Arc<dyn ClientCertVerifier>, rustls::Error> {
-        self.get().map(|v| Arc::clone(&*v)).ok_or_else(|| rustls::Error::General("client CA lock poisoned".into()))
+        Ok(Self { verifier: Followed::load("client CA", &[ca_path], read)?, algorithms })
     }
 }
 
@@ -234,50 +263,31 @@ impl ClientCertVerifier for ReloadingClientCa {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.verifier()?.verify_client_cert(end_entity, intermediates, now)
+        let verifier = self.verifier.get().ok_or_else(|| rustls::Error::General("client CA lock poisoned".into()))?;
+        verifier.verify_client_cert(end_entity, intermediates, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()?.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()?.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.verifier().map(|v| v.supported_verify_schemes()).unwrap_or_default()
-    }
+    signature_checks!();
 }
 
 /// A client's check of the node's (or etcd's) certificate against its
 /// CA file.
-pub(super) type ReloadingServerCa = Followed<Arc<rustls::client::WebPkiServerVerifier>>;
+#[derive(Debug)]
+pub(super) struct ReloadingServerCa {
+    verifier: Followed<Arc<rustls::client::WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
 
 impl ReloadingServerCa {
-    pub(super) fn server_ca(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
-        let ca = ca_path.to_path_buf();
+    pub(super) fn load(ca_path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, TlsError> {
+        let (ca, algorithms) = (ca_path.to_path_buf(), provider.signature_verification_algorithms);
         let read = Box::new(move || {
             let roots = Arc::new(roots(Some(&ca))?);
             rustls::client::WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
                 .build()
                 .map_err(|e| TlsError::Config(format!("CA file {}: {e}", ca.display())))
         });
-        Followed::load("CA file", &[ca_path], read)
-    }
-
-    fn verifier(&self) -> Result<Arc<rustls::client::WebPkiServerVerifier>, rustls::Error> {
-        self.get().map(|v| Arc::clone(&*v)).ok_or_else(|| rustls::Error::General("CA lock poisoned".into()))
+        Ok(Self { verifier: Followed::load("CA file", &[ca_path], read)?, algorithms })
     }
 }
 
@@ -290,30 +300,11 @@ impl ServerCertVerifier for ReloadingServerCa {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.verifier()?.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        let verifier = self.verifier.get().ok_or_else(|| rustls::Error::General("CA lock poisoned".into()))?;
+        verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()?.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()?.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.verifier().map(|v| v.supported_verify_schemes()).unwrap_or_default()
-    }
+    signature_checks!();
 }
 
 /// The pair in the files, its key checked against its certificate.
@@ -432,9 +423,9 @@ mod tests {
         let (old_ca, old_client) = signed_by_a_new_ca(true);
         let (new_ca, new_client) = signed_by_a_new_ca(true);
         write(&client_ca, &old_ca, 1);
-        let listener = ReloadingClientCa::client_ca(&client_ca, provider()).expect("load");
+        let listener = ReloadingClientCa::load(&client_ca, provider()).expect("load");
         let admits = |cert: &CertificateDer<'_>| {
-            listener.watch.lock().expect("lock").next_check = Instant::now();
+            listener.verifier.watch.lock().expect("lock").next_check = Instant::now();
             listener.verify_client_cert(cert, &[], now).is_ok()
         };
         assert!(admits(&old_client) && !admits(&new_client), "the old CA only");
@@ -450,9 +441,9 @@ mod tests {
         let (old_ca, old_server) = signed_by_a_new_ca(false);
         let (new_ca, new_server) = signed_by_a_new_ca(false);
         write(&server_ca, &old_ca, 1);
-        let client = ReloadingServerCa::server_ca(&server_ca, provider()).expect("load");
+        let client = ReloadingServerCa::load(&server_ca, provider()).expect("load");
         let trusts = |cert: &CertificateDer<'_>| {
-            client.watch.lock().expect("lock").next_check = Instant::now();
+            client.verifier.watch.lock().expect("lock").next_check = Instant::now();
             client.verify_server_cert(cert, &[], &localhost, &[], now).is_ok()
         };
         assert!(trusts(&old_server) && !trusts(&new_server));
