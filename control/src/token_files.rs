@@ -5,7 +5,7 @@
 //! operator token must not outlive the edit that removes it by more than
 //! a second.
 //!
-//! Once a second ([`crate::ControlPlane`]'s caller drives [`TokenFiles::follow`])
+//! Once a second ([`follow`], which the node runs on its control runtime)
 //! the files are read again through the same checks as at start
 //! ([`TokenSet::load`]: private mode, well-formed lines, at least one
 //! token). A set that loads and differs from the one in use replaces it
