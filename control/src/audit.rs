@@ -30,13 +30,15 @@
 //!
 //! Records go to the node's log (target `sluice::audit`, level info) and,
 //! with `audit_log = PATH`, as JSON lines appended to that file (0600,
-//! opened at start, before privileges drop; rotate it by copy and
-//! truncate). A record that cannot be written is an error in the log; the
-//! call it records is not undone.
+//! opened at start, before privileges drop). The file is rotated as
+//! logrotate does by default: moved away (or removed), the next record
+//! makes a new one at `PATH` ([`AuditFile`]), so no record falls between
+//! a copy and a truncate. A record that cannot be written is an error in
+//! the log; the call it records is not undone.
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -167,8 +169,69 @@ pub fn audited(method: &str, status: u16) -> bool {
 /// Where records go besides the node's log, and the bound on refusals.
 #[derive(Debug, Default)]
 pub struct AuditLog {
-    file: Option<(PathBuf, Mutex<File>)>,
+    file: Option<Mutex<AuditFile>>,
     refusals: Mutex<RefusalBudget>,
+}
+
+/// The audit file, made again at its path when it was moved or removed.
+#[derive(Debug)]
+struct AuditFile {
+    path: PathBuf,
+    file: File,
+    /// Whether the failure to make the file again has been logged (once,
+    /// until it succeeds: records meanwhile go on into the moved file).
+    reopen_failure_logged: bool,
+}
+
+impl AuditFile {
+    /// Opens `path` for appending, made 0600 if new; a file others can
+    /// read is refused, as the token files are.
+    fn open(path: &Path) -> Result<File, String> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("audit log {}: {e}", path.display()))?;
+        let mode = file.metadata().map_err(|e| format!("audit log {}: {e}", path.display()))?.permissions();
+        let mode = std::os::unix::fs::PermissionsExt::mode(&mode);
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "audit log {} is readable by others (mode {:o}): chmod 600 it",
+                path.display(),
+                mode & 0o777
+            ));
+        }
+        Ok(file)
+    }
+
+    /// The file at the path now: the one open, or a new one if the open
+    /// one was moved away or removed (rotated).
+    fn current(&mut self) -> &mut File {
+        let rotated = match (std::fs::metadata(&self.path), self.file.metadata()) {
+            (Ok(at_path), Ok(open)) => (at_path.dev(), at_path.ino()) != (open.dev(), open.ino()),
+            (Err(_), _) => true,
+            (Ok(_), Err(_)) => false,
+        };
+        if rotated {
+            match Self::open(&self.path) {
+                Ok(file) => {
+                    self.file = file;
+                    self.reopen_failure_logged = false;
+                    tracing::info!(target: "sluice::audit", "audit log {} rotated: writing a new one", self.path.display());
+                }
+                Err(err) if !self.reopen_failure_logged => {
+                    self.reopen_failure_logged = true;
+                    tracing::error!(
+                        "the audit log was moved but cannot be made again ({err}); records go on into the moved \
+                         file (with --user, the node's user must be able to create files in its directory)"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        &mut self.file
+    }
 }
 
 /// The refusals of the current one-second window, and those passed over.
@@ -215,22 +278,9 @@ impl AuditLog {
     /// Records also appended to `path`, made 0600 if new; an existing file
     /// others can read is refused, as the token files are.
     pub fn open(path: &Path) -> Result<Self, String> {
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| format!("audit log {}: {e}", path.display()))?;
-        let mode = file.metadata().map_err(|e| format!("audit log {}: {e}", path.display()))?.permissions();
-        let mode = std::os::unix::fs::PermissionsExt::mode(&mode);
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "audit log {} is readable by others (mode {:o}): chmod 600 it",
-                path.display(),
-                mode & 0o777
-            ));
-        }
-        Ok(Self { file: Some((path.to_path_buf(), Mutex::new(file))), refusals: Mutex::default() })
+        let file = AuditFile::open(path)?;
+        let file = AuditFile { path: path.to_path_buf(), file, reopen_failure_logged: false };
+        Ok(Self { file: Some(Mutex::new(file)), refusals: Mutex::default() })
     }
 
     /// Records `record`, unless it is a refusal past this second's
@@ -254,7 +304,7 @@ impl AuditLog {
             refusals_not_recorded = record.refusals_not_recorded.unwrap_or(0),
             "audited call"
         );
-        let Some((path, file)) = &self.file else { return };
+        let Some(file) = &self.file else { return };
         let mut line = match serde_json::to_vec(&record) {
             Ok(line) => line,
             Err(err) => return tracing::error!("audit record: {err}"),
@@ -262,12 +312,9 @@ impl AuditLog {
         line.push(b'\n');
         // One write of the whole line on an O_APPEND file: records never
         // interleave, whatever the number of calls at once.
-        let written = file
-            .lock()
-            .map_err(|_| "poisoned".to_string())
-            .and_then(|mut f| f.write_all(&line).map_err(|e| e.to_string()));
-        if let Err(err) = written {
-            tracing::error!("writing the audit log {}: {err}", path.display());
+        let Ok(mut file) = file.lock() else { return tracing::error!("the audit log's lock is poisoned") };
+        if let Err(err) = file.current().write_all(&line) {
+            tracing::error!("writing the audit log {}: {err}", file.path.display());
         }
     }
 }
@@ -335,6 +382,27 @@ mod tests {
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
         let err = AuditLog::open(&path).expect_err("readable by others");
         assert!(err.contains("chmod 600"), "{err}");
+    }
+
+    /// Moved away or removed, as logrotate does, the file is made again
+    /// at its path (private) by the next record; the moved one keeps what
+    /// was written before.
+    #[test]
+    fn a_rotated_file_is_made_again_at_its_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.jsonl");
+        let log = Arc::new(AuditLog::open(&path).expect("open"));
+        let change = |path: &str| AuditedCall::begin(Arc::clone(&log), "anonymous".into(), None, "POST", path);
+        change("/v1/first").answered(201);
+        std::fs::rename(&path, dir.path().join("audit.jsonl.1")).expect("rotate");
+        change("/v1/second").answered(201);
+        std::fs::remove_file(&path).expect("remove");
+        change("/v1/third").answered(201);
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).expect("read");
+        assert!(read("audit.jsonl.1").contains("/v1/first") && !read("audit.jsonl.1").contains("/v1/second"));
+        assert!(read("audit.jsonl").contains("/v1/third") && !read("audit.jsonl").contains("/v1/first"));
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).expect("meta").permissions());
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]
