@@ -254,7 +254,9 @@ fn an_operator_token_removed_from_its_file_is_refused_without_a_restart() {
 /// credential the browser holds, not through DNS rebinding to an
 /// `--insecure` node on loopback. Every request with an `Origin` header
 /// (which browsers send with every POST, PUT and DELETE) is refused and
-/// changes nothing; the same requests without one are served.
+/// changes nothing; the same requests without one are served. And an
+/// `--insecure` node on loopback answers only requests addressed to a
+/// loopback name, so DNS rebinding reaches nothing.
 #[test]
 fn requests_from_browsers_are_refused_whatever_they_carry() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -270,6 +272,17 @@ fn requests_from_browsers_are_refused_whatever_they_carry() {
         assert!(!node.get("/v1/datasets").expect("list").into_string().expect("body").contains("made-by-a-page"));
         assert_eq!(call(node, admin.as_deref(), "POST", "/v1/datasets", create).0, 201, "without Origin: served");
     }
+    // DNS rebinding: a page whose own name now resolves to 127.0.0.1 reads
+    // with its name in Host and no Origin. The insecure node on loopback
+    // answers only loopback names; the secure one needs a credential.
+    let port = |node: &NodeProcess| node.endpoint.rsplit(':').next().expect("port").to_string();
+    let rebound = format!("attacker.example:{}", port(&insecure));
+    assert_eq!(call_with(&insecure, None, &[("Host", &rebound)], "GET", "/v1/datasets", b"").0, 403);
+    for host in [format!("localhost:{}", port(&insecure)), format!("127.0.0.1:{}", port(&insecure))] {
+        assert_eq!(call_with(&insecure, None, &[("Host", &host)], "GET", "/v1/datasets", b"").0, 200, "{host}");
+    }
+    let rebound = format!("attacker.example:{}", port(&secure));
+    assert_eq!(call_with(&secure, None, &[("Host", &rebound)], "GET", "/v1/datasets", b"").0, 401);
 }
 
 #[test]

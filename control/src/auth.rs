@@ -166,6 +166,19 @@ pub struct AccessPolicy {
     /// The longest lifetime of a grant issued through the API; `None`:
     /// grants may stand until revoked.
     pub grant_ttl_max: Option<std::time::Duration>,
+    /// An `--insecure` node on loopback: only requests addressed to a
+    /// loopback name (`Host: localhost`, `127.0.0.1`, `[::1]`) are served,
+    /// so a web page that rebinds its own name to 127.0.0.1 (DNS
+    /// rebinding) reaches nothing.
+    pub loopback_hosts_only: bool,
+}
+
+/// Whether an HTTP `Host` (or `:authority`) names this machine's loopback:
+/// `localhost` or a loopback IP, with or without a port.
+pub fn loopback_host(authority: &str) -> bool {
+    let Ok(authority) = authority.parse::<axum::http::uri::Authority>() else { return false };
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl AccessPolicy {
@@ -365,6 +378,20 @@ mod tests {
             operator_cert_names: vec!["ops-alice".into()],
             metrics_tokens: Some(TokenSet::from_token("scraper-token-0123456789")),
             grant_ttl_max: None,
+            loopback_hosts_only: false,
+        }
+    }
+
+    #[test]
+    fn loopback_hosts_are_told_from_others() {
+        for host in ["localhost", "LOCALHOST:7070", "127.0.0.1", "127.0.0.1:7070", "127.9.9.9:1", "[::1]:7070", "[::1]"]
+        {
+            assert!(loopback_host(host), "{host}");
+        }
+        for host in
+            ["attacker.example", "attacker.example:7070", "localhost.attacker.example", "10.0.0.1:7070", "", "a b"]
+        {
+            assert!(!loopback_host(host), "{host}");
         }
     }
 

@@ -473,7 +473,11 @@ fn access_policy(
         max => max.map(std::time::Duration::from_secs),
     };
     if config.insecure {
-        return Ok((AccessPolicy { insecure: true, grant_ttl_max, ..AccessPolicy::default() }, None));
+        let loopback_hosts_only = config.control.ip().is_loopback();
+        return Ok((
+            AccessPolicy { insecure: true, grant_ttl_max, loopback_hosts_only, ..AccessPolicy::default() },
+            None,
+        ));
     }
     let (operator_tokens, operators_file) = match &config.admin_tokens {
         Some(path) => (TokenSet::load(path).map_err(access)?, path.clone()),
@@ -505,6 +509,7 @@ fn access_policy(
         operator_cert_names: config.operator_cert_names.clone(),
         metrics_tokens,
         grant_ttl_max,
+        loopback_hosts_only: false,
     };
     let files = sluice_control::token_files::TokenFiles::new(operators_file, config.metrics_tokens.clone());
     Ok((policy, Some(files)))
