@@ -254,8 +254,8 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
 /// every POST, PUT and DELETE (and cross-site reads); sluice's clients
 /// never do. A page a browser loaded must not drive the API: it would
 /// act with the browser's client certificate (an operator's, over mTLS),
-/// or, through DNS rebinding, reach an `--insecure` node on loopback, as
-/// etcd's CVE-2018-1098 did.
+/// or, through DNS rebinding, reach an `--insecure` node on loopback (as
+/// etcd's CVE-2018-1098 and CVE-2018-1099 did).
 fn browser_refusal() -> Refusal {
     Refusal {
         status: 403,
