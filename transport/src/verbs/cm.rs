@@ -332,15 +332,11 @@ impl CmId {
     /// connect request; `None` for another family or none yet.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         use nix::sys::socket::SockaddrLike;
-        // SAFETY: live id; `rdma_get_peer_addr` points into its route,
-        // which librdmacm fills for a connect request and keeps while the
-        // id lives. Without a length, `from_raw` copies only a fixed-size
-        // address of the family found (`sockaddr_in`, `sockaddr_in6`),
-        // both smaller than the route's `sockaddr_storage`.
-        let storage = unsafe {
-            let addr: *const nix::libc::sockaddr = rdma_sys::rdma_get_peer_addr(&*self.raw);
-            nix::sys::socket::SockaddrStorage::from_raw(addr, None)
-        }?;
+        // SAFETY: live id; the address lies in its route, kept while it lives.
+        let addr: *const nix::libc::sockaddr = unsafe { rdma_sys::rdma_get_peer_addr(&*self.raw) };
+        // SAFETY: without a length, `from_raw` copies a fixed-size address
+        // of the family found, within the route's `sockaddr_storage`.
+        let storage = unsafe { nix::sys::socket::SockaddrStorage::from_raw(addr, None) }?;
         if let Some(v4) = storage.as_sockaddr_in() {
             return Some(SocketAddr::V4((*v4).into()));
         }
