@@ -183,12 +183,13 @@ pub fn loopback_host(authority: &str) -> bool {
 
 impl AccessPolicy {
     /// The lifetime a grant asked for with `asked` gets: the longest
-    /// allowed when none is asked for or a longer one is.
+    /// allowed when none is asked for or a longer one is. One outside the
+    /// API's bounds is left as asked, for the grant to be refused.
     pub fn grant_ttl(&self, asked: Option<std::time::Duration>) -> Option<std::time::Duration> {
         match (asked, self.grant_ttl_max) {
-            (Some(asked), Some(max)) => Some(asked.min(max)),
+            (Some(asked), Some(max)) if sluice_proto::api::grant_ttl_in_bounds(asked) => Some(asked.min(max)),
             (None, max) => max,
-            (asked, None) => asked,
+            (asked, _) => asked,
         }
     }
 }

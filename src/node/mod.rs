@@ -463,14 +463,15 @@ fn access_policy(
 ) -> Result<(sluice_control::auth::AccessPolicy, Option<sluice_control::token_files::TokenFiles>), NodeError> {
     use sluice_control::auth::{AccessPolicy, TokenSet};
     let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
-    let grant_ttl_max = match config.grant_ttl_max_s {
-        Some(s) if s == 0 || s > sluice_proto::api::GRANT_TTL_S_MAX => {
+    let grant_ttl_max = match config.grant_ttl_max_s.map(std::time::Duration::from_secs) {
+        Some(max) if !sluice_proto::api::grant_ttl_in_bounds(max) => {
             return Err(NodeError::Config(format!(
-                "grant_ttl_max_s = {s}: from 1 to {} (ten years)",
+                "grant_ttl_max_s = {}: from 1 to {} (ten years)",
+                max.as_secs(),
                 sluice_proto::api::GRANT_TTL_S_MAX
             )))
         }
-        max => max.map(std::time::Duration::from_secs),
+        max => max,
     };
     if config.insecure {
         let loopback_hosts_only = config.control.ip().is_loopback();

@@ -158,13 +158,7 @@ pub(super) async fn create_grant(
     ApiJson(request): ApiJson<GrantRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let grant = tokio::task::spawn_blocking(move || {
-        // A lifetime outside the API's bounds is refused as asked; one
-        // within them is cut to the node's longest.
-        let asked = request.ttl_s.map(std::time::Duration::from_secs);
-        let ttl = match asked {
-            Some(ttl) if ttl.is_zero() || ttl.as_secs() > sluice_proto::api::GRANT_TTL_S_MAX => asked,
-            _ => control.access().grant_ttl(asked),
-        };
+        let ttl = control.access().grant_ttl(request.ttl_s.map(std::time::Duration::from_secs));
         control.issue_grant(&request.dataset, &request.client, request.cert_name.as_deref(), ttl)
     })
     .await

@@ -138,8 +138,7 @@ impl ControlPlane {
         cert_name: Option<&str>,
         ttl: Option<std::time::Duration>,
     ) -> Result<GrantView, ControlError> {
-        let ttl_max = std::time::Duration::from_secs(sluice_proto::api::GRANT_TTL_S_MAX);
-        if let Some(ttl) = ttl.filter(|ttl| ttl.is_zero() || *ttl > ttl_max) {
+        if let Some(ttl) = ttl.filter(|ttl| !sluice_proto::api::grant_ttl_in_bounds(*ttl)) {
             return Err(ControlError::BadGrant(format!(
                 "a grant's lifetime of {ttl:?}: from 1 s to {} s (ten years)",
                 sluice_proto::api::GRANT_TTL_S_MAX

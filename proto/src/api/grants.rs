@@ -8,6 +8,12 @@ use crate::codec::Secret;
 /// The longest a grant may stand: ten years.
 pub const GRANT_TTL_S_MAX: u64 = 10 * 365 * 24 * 3600;
 
+/// Whether a grant may be given `ttl` as its lifetime: from 1 s to
+/// [`GRANT_TTL_S_MAX`].
+pub fn grant_ttl_in_bounds(ttl: std::time::Duration) -> bool {
+    !ttl.is_zero() && ttl <= std::time::Duration::from_secs(GRANT_TTL_S_MAX)
+}
+
 /// A request for a grant of one dataset to one client identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -17,7 +17,7 @@ pub use dataset::{
     ScrubReport, SourceObject,
 };
 pub use devices::{DeviceReport, OrphanFile, Purged};
-pub use grants::{GrantRequest, GrantView, GRANT_TTL_S_MAX};
+pub use grants::{grant_ttl_in_bounds, GrantRequest, GrantView, GRANT_TTL_S_MAX};
 pub use policy::{FlowDecisions, PolicyInfo, PolicyReport, Unloaded, WorkerConnections};
 pub use trace::{KernelTrace, SlowBatch, TraceEntry, TraceSnapshot};
 
