@@ -25,6 +25,7 @@ use std::time::Duration;
 use axum::extract::connect_info::ConnectInfo;
 use axum::serve::Listener;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use sluice_serve::Peer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -79,7 +80,7 @@ impl ControlIo for TlsStream<TcpStream> {
 /// Serves `router` on `listener` until `stop`, within `limits`; then lets
 /// each open connection finish the requests it has under way and returns
 /// once all are closed. Handlers find the peer as
-/// `ConnectInfo<PeerIdentity>`.
+/// `ConnectInfo<Peer>` (the same `Peer` the data port's sessions have).
 pub async fn serve<L>(mut listener: L, router: axum::Router, limits: ConnectionLimits, stop: impl Future<Output = ()>)
 where
     L: Listener<Addr = SocketAddr>,
@@ -99,7 +100,7 @@ where
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
         };
-        let peer = PeerIdentity { remote: Some(remote), cert_name: io.cert_name() };
+        let peer = Peer { addr: Some(remote), cert_name: io.cert_name() };
         tokio::spawn(serve_connection(io, peer, router.clone(), limits, closing_rx.clone(), slot));
     }
     drop(listener);
@@ -110,13 +111,13 @@ where
 
 async fn serve_connection<I: ControlIo>(
     io: I,
-    peer: PeerIdentity,
+    peer: Peer,
     router: axum::Router,
     limits: ConnectionLimits,
     mut closing: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let remote = peer.remote;
+    let remote = peer.addr;
     let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer.clone()));
         router.clone().oneshot(request.map(axum::body::Body::new))
@@ -139,14 +140,6 @@ async fn serve_connection<I: ControlIo>(
     if let Err(err) = finished {
         tracing::debug!(peer = ?remote, "control API connection: {err}");
     }
-}
-
-/// Who is at the other end of a control API connection.
-#[derive(Clone, Debug, Default)]
-pub struct PeerIdentity {
-    pub remote: Option<SocketAddr>,
-    /// The CN of the client certificate the peer presented over TLS.
-    pub cert_name: Option<String>,
 }
 
 /// A TCP listener whose connections are TLS streams once their handshake
@@ -239,8 +232,8 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let router = axum::Router::new().route(
             "/peer",
-            axum::routing::get(|ConnectInfo(peer): ConnectInfo<PeerIdentity>| async move {
-                peer.remote.map(|r| r.to_string()).unwrap_or_default()
+            axum::routing::get(|ConnectInfo(peer): ConnectInfo<Peer>| async move {
+                peer.addr.map(|r| r.to_string()).unwrap_or_default()
             }),
         );
         let limits = ConnectionLimits { connections_max: 2, header_read_timeout: Duration::from_millis(500) };

@@ -28,8 +28,8 @@ use crate::catalog::CatalogError;
 use crate::ingest::{Appended, IngestFormat};
 use crate::openapi::Contract;
 use crate::plane::{ControlError, ControlPlane};
-use crate::serve::PeerIdentity;
 use sluice_proto::api::{DatasetKind, GrantRequest, OrphanFile, Purged};
+use sluice_serve::Peer;
 
 mod errors;
 mod handlers;
@@ -190,7 +190,7 @@ pub fn metrics_router(control: Shared) -> Router {
 async fn authorize(State(control): State<Shared>, request: Request, next: Next) -> Response {
     let policy = control.access();
     let authorization = request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
-    let cert_name = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.cert_name.clone());
+    let cert_name = request.extensions().get::<ConnectInfo<Peer>>().and_then(|p| p.0.cert_name.clone());
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let caller = auth::authenticate(&policy, authorization.as_deref(), cert_name.as_deref(), |token| {
         control.grant_for_token(token)
@@ -227,7 +227,7 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
             }),
         }
     };
-    let remote = request.extensions().get::<ConnectInfo<PeerIdentity>>().and_then(|p| p.0.remote);
+    let remote = request.extensions().get::<ConnectInfo<Peer>>().and_then(|p| p.0.addr);
     // Recorded when answered, or (a change) when dropped unanswered.
     let call = crate::audit::AuditedCall::begin(
         control.audit(),
