@@ -178,6 +178,9 @@ pub struct AuditLog {
 struct AuditFile {
     path: PathBuf,
     file: File,
+    /// The open file's device and inode: another at the path means it was
+    /// rotated.
+    identity: (u64, u64),
     /// Whether the failure to make the file again has been logged (once,
     /// until it succeeds: records meanwhile go on into the moved file).
     reopen_failure_logged: bool,
@@ -185,16 +188,16 @@ struct AuditFile {
 
 impl AuditFile {
     /// Opens `path` for appending, made 0600 if new; a file others can
-    /// read is refused, as the token files are.
-    fn open(path: &Path) -> Result<File, String> {
+    /// read is refused, as the token files are. With its identity.
+    fn open(path: &Path) -> Result<(File, (u64, u64)), String> {
         let file = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o600)
             .open(path)
             .map_err(|e| format!("audit log {}: {e}", path.display()))?;
-        let mode = file.metadata().map_err(|e| format!("audit log {}: {e}", path.display()))?.permissions();
-        let mode = std::os::unix::fs::PermissionsExt::mode(&mode);
+        let meta = file.metadata().map_err(|e| format!("audit log {}: {e}", path.display()))?;
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
         if mode & 0o077 != 0 {
             return Err(format!(
                 "audit log {} is readable by others (mode {:o}): chmod 600 it",
@@ -202,21 +205,18 @@ impl AuditFile {
                 mode & 0o777
             ));
         }
-        Ok(file)
+        Ok((file, (meta.dev(), meta.ino())))
     }
 
     /// The file at the path now: the one open, or a new one if the open
     /// one was moved away or removed (rotated).
     fn current(&mut self) -> &mut File {
-        let rotated = match (std::fs::metadata(&self.path), self.file.metadata()) {
-            (Ok(at_path), Ok(open)) => (at_path.dev(), at_path.ino()) != (open.dev(), open.ino()),
-            (Err(_), _) => true,
-            (Ok(_), Err(_)) => false,
-        };
+        let rotated =
+            std::fs::metadata(&self.path).map_or(true, |at_path| (at_path.dev(), at_path.ino()) != self.identity);
         if rotated {
             match Self::open(&self.path) {
-                Ok(file) => {
-                    self.file = file;
+                Ok((file, identity)) => {
+                    (self.file, self.identity) = (file, identity);
                     self.reopen_failure_logged = false;
                     tracing::info!(target: "sluice::audit", "audit log {} rotated: writing a new one", self.path.display());
                 }
@@ -278,8 +278,8 @@ impl AuditLog {
     /// Records also appended to `path`, made 0600 if new; an existing file
     /// others can read is refused, as the token files are.
     pub fn open(path: &Path) -> Result<Self, String> {
-        let file = AuditFile::open(path)?;
-        let file = AuditFile { path: path.to_path_buf(), file, reopen_failure_logged: false };
+        let (file, identity) = AuditFile::open(path)?;
+        let file = AuditFile { path: path.to_path_buf(), file, identity, reopen_failure_logged: false };
         Ok(Self { file: Some(Mutex::new(file)), refusals: Mutex::default() })
     }
 
