@@ -10,6 +10,7 @@ mod poll;
 mod recheck;
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::task::Poll;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -39,6 +40,16 @@ impl AsRawFd for CompletionFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0
     }
+}
+
+/// What ended a core's wait for completions.
+enum Woken {
+    /// The queue's fd turned readable (its readiness now cleared), or
+    /// watching it failed.
+    Completions(std::io::Result<()>),
+    Message(Option<CoreMsg>),
+    /// The time the queue named for a held-back completion came.
+    Due,
 }
 
 /// What a core shares with the rest of its data plane.
@@ -245,37 +256,55 @@ impl CoreEngine {
         watched: Option<&AsyncFd<CompletionFd>>,
         due: Option<std::time::Instant>,
     ) {
-        let readable = async {
-            match watched {
-                Some(watched) => watched.readable().await,
-                None => std::future::pending().await,
-            }
-        };
-        let due = async {
-            match due {
-                Some(due) => crate::timer::sleep_until(due).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            // The fd first: completions it announces are not late.
-            biased;
-            ready = readable => match ready {
-                // Cleared before the next reap, so a completion that lands
-                // after that reap raises readiness again.
-                Ok(mut guard) => guard.clear_ready(),
-                Err(err) => {
-                    tracing::error!(core = self.id, "waiting for completions: {err}");
-                    if let Err(err) = self.queue.wait() {
-                        tracing::error!(core = self.id, "waiting for completions: {err}");
+        let woken = match (watched, due) {
+            // The usual wait (an io_uring's fd, no delayed completion): one
+            // `poll_fn` over the fd's reader slot and the inbox. A
+            // `readable()` future would enter the fd's list of waiters and
+            // leave it again on every wait, and the core waits once for
+            // each group of completions.
+            (Some(watched), None) => {
+                std::future::poll_fn(|cx| {
+                    // The fd first: completions it announces are not late.
+                    if let Poll::Ready(ready) = watched.poll_read_ready(cx) {
+                        return Poll::Ready(Woken::Completions(ready.map(|mut guard| guard.clear_ready())));
                     }
+                    self.inbox.poll_recv(cx).map(Woken::Message)
+                })
+                .await
+            }
+            (watched, due) => {
+                let readable = async {
+                    match watched {
+                        Some(watched) => watched.readable().await.map(|mut guard| guard.clear_ready()),
+                        None => std::future::pending().await,
+                    }
+                };
+                let due = async {
+                    match due {
+                        Some(due) => crate::timer::sleep_until(due).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    ready = readable => Woken::Completions(ready),
+                    message = self.inbox.recv() => Woken::Message(message),
+                    () = due => Woken::Due,
                 }
-            },
-            message = self.inbox.recv() => match message {
-                Some(msg) => self.handle(msg),
-                None => self.stopping = true,
-            },
-            () = due => {}
+            }
+        };
+        match woken {
+            // Readiness was cleared before the next reap, so a completion
+            // that lands after that reap raises it again.
+            Woken::Completions(Ok(())) | Woken::Due => {}
+            Woken::Completions(Err(err)) => {
+                tracing::error!(core = self.id, "waiting for completions: {err}");
+                if let Err(err) = self.queue.wait() {
+                    tracing::error!(core = self.id, "waiting for completions: {err}");
+                }
+            }
+            Woken::Message(Some(msg)) => self.handle(msg),
+            Woken::Message(None) => self.stopping = true,
         }
     }
 
