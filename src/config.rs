@@ -156,6 +156,14 @@ pub struct NodeConfig {
     /// any client reaching the data port reads any sealed dataset; listens
     /// off loopback without TLS. Local development only; the node warns.
     pub insecure: bool,
+    /// Host names an `insecure` node whose control API listens off
+    /// loopback answers requests addressed to, besides IP addresses and
+    /// `localhost` (`--insecure-host`; the `advertise` name is answered
+    /// as well): a request whose `Host` is another
+    /// name is refused, since a web page that rebinds its own name to the
+    /// node (DNS rebinding) sends that name. An insecure node on loopback
+    /// answers loopback names alone; a node that checks credentials, any.
+    pub insecure_hosts: Vec<String>,
     /// Operator tokens, one per line (the token or `blake3:<hex>` of it);
     /// the file must be private (mode 0600). Without it (and without
     /// `insecure`) the node makes `DATA_DIR/admin.token` at first start.
@@ -286,6 +294,7 @@ impl Default for NodeConfig {
             source_allow: None,
             cache_bytes_max: 0,
             insecure: false,
+            insecure_hosts: Vec::new(),
             admin_tokens: None,
             audit_log: None,
             grant_ttl_max_s: None,

@@ -285,6 +285,44 @@ fn requests_from_browsers_are_refused_whatever_they_carry() {
     assert_eq!(call_with(&secure, None, &[("Host", &rebound)], "GET", "/v1/datasets", b"").0, 401);
 }
 
+/// An `--insecure` node off loopback checks no credential, so DNS
+/// rebinding (a page whose own name now resolves to the node) would read
+/// and change it with no `Origin` on its reads. It answers IP addresses,
+/// `localhost`, the names it was given and the one it advertises, and no
+/// other name.
+#[test]
+fn an_insecure_node_off_loopback_answers_only_addresses_and_its_own_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start_with(
+        &dir.path().join("node"),
+        &["--control", "0.0.0.0:0", "--insecure-host", "sluice-0.storage.internal", "--advertise", "sluice-0.example"],
+    );
+    let port = node.endpoint.rsplit(':').next().expect("port").to_string();
+    let get = |host: &str| call_with(&node, None, &[("Host", host)], "GET", "/v1/datasets", b"");
+    for host in ["attacker.example", "sluice-0.storage.internal.attacker.example", "storage.internal"] {
+        let (status, code) = get(&format!("{host}:{port}"));
+        assert_eq!((status, code.as_str()), (403, "forbidden"), "{host}");
+    }
+    let create = br#"{"name":"made-by-a-page","kind":"bytes"}"#;
+    let rebound = format!("attacker.example:{port}");
+    assert_eq!(call_with(&node, None, &[("Host", &rebound)], "POST", "/v1/datasets", create).0, 403);
+    let answered =
+        ["127.0.0.1", "localhost", "10.11.12.13", "[fd00::1]", "SLUICE-0.storage.internal", "sluice-0.example"];
+    for host in answered {
+        assert_eq!(get(&format!("{host}:{port}")).0, 200, "{host}");
+    }
+    assert!(!node.get("/v1/datasets").expect("list").into_string().expect("body").contains("made-by-a-page"));
+
+    // A name that is not one is refused at start, with its setting's name.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluiced"))
+        .args(["--data-dir", dir.path().join("other").to_str().expect("utf-8"), "--insecure"])
+        .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--insecure-host", "sluice:7070"])
+        .output()
+        .expect("run sluiced");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("insecure_hosts"), "{stderr}");
+}
+
 #[test]
 fn listeners_off_loopback_need_tls_or_insecure() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -166,19 +166,83 @@ pub struct AccessPolicy {
     /// The longest lifetime of a grant issued through the API; `None`:
     /// grants may stand until revoked.
     pub grant_ttl_max: Option<std::time::Duration>,
-    /// An `--insecure` node on loopback: only requests addressed to a
-    /// loopback name (`Host: localhost`, `127.0.0.1`, `[::1]`) are served,
-    /// so a web page that rebinds its own name to 127.0.0.1 (DNS
-    /// rebinding) reaches nothing.
-    pub loopback_hosts_only: bool,
+    /// Which `Host`s the node answers: every one for a node that checks
+    /// credentials, fewer for an `--insecure` node (see [`HostCheck`]).
+    pub hosts: HostCheck,
 }
 
-/// Whether an HTTP `Host` (or `:authority`) names this machine's loopback:
-/// `localhost` or a loopback IP, with or without a port.
-pub fn loopback_host(authority: &str) -> bool {
-    let Ok(authority) = authority.parse::<axum::http::uri::Authority>() else { return false };
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+/// The `Host` (or `:authority`) names an `--insecure` node answers, so a
+/// web page that rebinds its own name to the node's address (DNS
+/// rebinding, etcd's CVE-2018-1099) reaches nothing: the browser sends
+/// that page's name as `Host`, and no credential stops it on such a node.
+/// A node that checks credentials needs no such check: a page cannot
+/// attach them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HostCheck {
+    /// Every name: a node that checks credentials.
+    #[default]
+    Any,
+    /// An `--insecure` node on loopback: `localhost` and loopback IPs.
+    Loopback,
+    /// An `--insecure` node off loopback: IP literals (a page cannot
+    /// rebind an address), `localhost`, and the names listed
+    /// (`insecure_hosts`, compared without case).
+    Listed(Vec<String>),
+}
+
+impl HostCheck {
+    /// Whether a request addressed to `authority` (`Host` with or without
+    /// a port; none, as HTTP/1.0 allows, is refused) is answered.
+    pub fn allows(&self, authority: Option<&str>) -> bool {
+        let host = || {
+            let authority = authority?.parse::<axum::http::uri::Authority>().ok()?;
+            Some(authority.host().trim_start_matches('[').trim_end_matches(']').to_string())
+        };
+        match self {
+            Self::Any => true,
+            Self::Loopback => host().is_some_and(|host| loopback_name(&host)),
+            Self::Listed(names) => host().is_some_and(|host| {
+                loopback_name(&host)
+                    || host.parse::<std::net::IpAddr>().is_ok()
+                    || names.iter().any(|name| name.eq_ignore_ascii_case(&host))
+            }),
+        }
+    }
+
+    /// What a refused request is told.
+    pub fn refusal(&self, authority: Option<&str>) -> String {
+        let which = match self {
+            Self::Any => "any name",
+            Self::Loopback => "localhost or a loopback IP, as it listens on loopback",
+            Self::Listed(_) => "an IP address, localhost or a name in insecure_hosts (--insecure-host)",
+        };
+        format!(
+            "this --insecure node answers only requests addressed to {which}, not {:?} (a page that rebinds its \
+             own name to this node reaches nothing)",
+            authority.unwrap_or("")
+        )
+    }
+}
+
+/// `localhost` or a loopback IP (brackets already taken off).
+fn loopback_name(host: &str) -> bool {
     host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A name `insecure_hosts` may hold: a DNS name as `Host` carries it, no
+/// port, scheme or wildcard, at most 253 bytes.
+pub fn check_insecure_host(name: &str) -> Result<(), String> {
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if name.len() <= 253 && name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(format!("insecure_hosts: {name:?} is not a host name (letters, digits, '-' and '.'; no port or scheme)"))
+    }
 }
 
 impl AccessPolicy {
@@ -379,20 +443,40 @@ mod tests {
             operator_cert_names: vec!["ops-alice".into()],
             metrics_tokens: Some(TokenSet::from_token("scraper-token-0123456789")),
             grant_ttl_max: None,
-            loopback_hosts_only: false,
+            hosts: HostCheck::Any,
         }
     }
 
     #[test]
-    fn loopback_hosts_are_told_from_others() {
-        for host in ["localhost", "LOCALHOST:7070", "127.0.0.1", "127.0.0.1:7070", "127.9.9.9:1", "[::1]:7070", "[::1]"]
-        {
-            assert!(loopback_host(host), "{host}");
+    fn insecure_nodes_answer_only_names_no_page_can_rebind() {
+        let loopback =
+            ["localhost", "LOCALHOST:7070", "127.0.0.1", "127.0.0.1:7070", "127.9.9.9:1", "[::1]:7070", "[::1]"];
+        let names = ["attacker.example", "attacker.example:7070", "localhost.attacker.example", "", "a b"];
+        let listed = HostCheck::Listed(vec!["sluice-0.storage.internal".into()]);
+        for host in loopback {
+            assert!(HostCheck::Loopback.allows(Some(host)) && listed.allows(Some(host)), "{host}");
         }
-        for host in
-            ["attacker.example", "attacker.example:7070", "localhost.attacker.example", "10.0.0.1:7070", "", "a b"]
-        {
-            assert!(!loopback_host(host), "{host}");
+        for host in ["10.0.0.1:7070", "[fd00::1]:7070", "SLUICE-0.storage.internal:7070", "sluice-0.storage.internal"] {
+            assert!(!HostCheck::Loopback.allows(Some(host)), "{host}");
+            assert!(listed.allows(Some(host)), "{host}");
+        }
+        for host in names.iter().chain(["sluice-0.storage.internal.attacker.example", "storage.internal"].iter()) {
+            assert!(!HostCheck::Loopback.allows(Some(host)) && !listed.allows(Some(host)), "{host}");
+        }
+        assert!(!HostCheck::Loopback.allows(None) && !listed.allows(None), "no Host at all");
+        for host in names.iter().chain(loopback.iter()) {
+            assert!(HostCheck::Any.allows(Some(host)), "{host}");
+        }
+        assert!(HostCheck::Any.allows(None));
+    }
+
+    #[test]
+    fn listed_insecure_hosts_are_names_alone() {
+        for name in ["sluice", "sluice-0.storage.internal", "a1.b2"] {
+            assert!(check_insecure_host(name).is_ok(), "{name}");
+        }
+        for name in ["", "sluice:7070", "http://sluice", "*.internal", "-a.b", "a..b", "a b", &"a".repeat(64)] {
+            assert!(check_insecure_host(name).is_err(), "{name:?}");
         }
     }
 

@@ -164,6 +164,11 @@ struct Args {
     /// without one, or a longer one, get this [default: none].
     #[arg(long, value_name = "SECONDS")]
     grant_ttl_max_s: Option<u64>,
+    /// A host name an --insecure node off loopback answers requests
+    /// addressed to, besides IP addresses and localhost; repeat for more
+    /// (replaces the config's `insecure_hosts`).
+    #[arg(long = "insecure-host", value_name = "NAME")]
+    insecure_hosts: Vec<String>,
     /// What source-backed datasets may be fetched from: schemes (s3://)
     /// or URL prefixes (https://host/path/, file:///dir/), replacing the
     /// config's list [default: s3://, gs://, az:// and Azure's other
@@ -236,6 +241,9 @@ fn main() -> ExitCode {
         config.source_allow = Some(args.source_allow);
     }
     config.insecure |= args.insecure;
+    if !args.insecure_hosts.is_empty() {
+        config.insecure_hosts = args.insecure_hosts;
+    }
     config.data_tls |= args.data_tls;
     config.policy_load |= args.policy_load;
     config.adopt = args.adopt;

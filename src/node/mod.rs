@@ -461,7 +461,7 @@ fn listeners_for_cores(
 fn access_policy(
     config: &NodeConfig,
 ) -> Result<(sluice_control::auth::AccessPolicy, Option<sluice_control::token_files::TokenFiles>), NodeError> {
-    use sluice_control::auth::{AccessPolicy, TokenSet};
+    use sluice_control::auth::{AccessPolicy, HostCheck, TokenSet};
     let access = |e: sluice_control::auth::AuthSetupError| NodeError::Access(e.to_string());
     let grant_ttl_max = match config.grant_ttl_max_s.map(std::time::Duration::from_secs) {
         Some(max) if !sluice_proto::api::grant_ttl_in_bounds(max) => {
@@ -473,12 +473,18 @@ fn access_policy(
         }
         max => max,
     };
+    for name in &config.insecure_hosts {
+        sluice_control::auth::check_insecure_host(name).map_err(NodeError::Config)?;
+    }
     if config.insecure {
-        let loopback_hosts_only = config.control.ip().is_loopback();
-        return Ok((
-            AccessPolicy { insecure: true, grant_ttl_max, loopback_hosts_only, ..AccessPolicy::default() },
-            None,
-        ));
+        let hosts = if config.control.ip().is_loopback() {
+            HostCheck::Loopback
+        } else {
+            // The name it advertises too: its peers and clients reach it
+            // by that name.
+            HostCheck::Listed(config.insecure_hosts.iter().chain(config.advertise.as_ref()).cloned().collect())
+        };
+        return Ok((AccessPolicy { insecure: true, grant_ttl_max, hosts, ..AccessPolicy::default() }, None));
     }
     let (operator_tokens, operators_file) = match &config.admin_tokens {
         Some(path) => (TokenSet::load(path).map_err(access)?, path.clone()),
@@ -510,7 +516,7 @@ fn access_policy(
         operator_cert_names: config.operator_cert_names.clone(),
         metrics_tokens,
         grant_ttl_max,
-        loopback_hosts_only: false,
+        hosts: HostCheck::Any,
     };
     let files = sluice_control::token_files::TokenFiles::new(operators_file, config.metrics_tokens.clone());
     Ok((policy, Some(files)))

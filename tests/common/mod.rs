@@ -87,9 +87,13 @@ impl NodeProcess {
         let log_filter = log_filter
             .map(str::to_string)
             .unwrap_or_else(|| std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn,sluice::node=error".into()));
+        // Loopback ports the kernel picks, unless `extra` names the
+        // control API's address.
+        let control: &[&str] = if extra.contains(&"--control") { &[] } else { &["--control", "127.0.0.1:0"] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
-            .args(["--listen", "127.0.0.1:0", "--control", "127.0.0.1:0", "--cores", "2"])
+            .args(["--listen", "127.0.0.1:0", "--cores", "2"])
+            .args(control)
             .args(extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("SLUICE_LOG", log_filter)

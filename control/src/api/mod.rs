@@ -199,16 +199,8 @@ async fn authorize(State(control): State<Shared>, request: Request, next: Next) 
     let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or(request.uri().host());
     let decision = if request.headers().contains_key(header::ORIGIN) {
         Err(browser_refusal())
-    } else if policy.loopback_hosts_only && !host.is_some_and(auth::loopback_host) {
-        Err(Refusal {
-            status: 403,
-            code: "forbidden",
-            message: format!(
-                "this --insecure node listens on loopback and answers only requests addressed to localhost or a \
-                 loopback IP, not {:?} (a page that rebinds its own name to this machine reaches nothing)",
-                host.unwrap_or("")
-            ),
-        })
+    } else if !policy.hosts.allows(host) {
+        Err(Refusal { status: 403, code: "forbidden", message: policy.hosts.refusal(host) })
     } else {
         match access_of(request.method().as_str(), path) {
             Some(Access::Public) => Ok(()),
