@@ -16,10 +16,18 @@
 //! opens them and says nothing, holds a bounded number of descriptors for
 //! a bounded time, where it held one per connection for ever (axum's
 //! `serve` gives hyper no timer, and hyper then waits without end).
+//!
+//! And per peer address: one address holds at most
+//! [`PEER_CONNECTIONS_MAX`] connections and [`PEER_HANDSHAKES_MAX`]
+//! handshakes under way; a connection past either is closed as it is
+//! accepted. So a single host that opens connections as fast as it can
+//! takes a quarter of the connections and a sixteenth of the handshake
+//! slots, and the others' calls still find room.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::connect_info::ConnectInfo;
@@ -42,6 +50,12 @@ pub const CONNECTIONS_MAX: usize = 1024;
 /// How long a client has to send an HTTP/1 request's head, and how long a
 /// kept-alive connection waits for its next request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections one peer address holds open at once: a quarter of
+/// [`CONNECTIONS_MAX`], room for a host of many data loader workers each
+/// with its own keep-alive connection.
+pub const PEER_CONNECTIONS_MAX: usize = CONNECTIONS_MAX / 4;
+/// TLS handshakes one peer address has under way at once.
+pub const PEER_HANDSHAKES_MAX: usize = TLS_HANDSHAKES_MAX / 16;
 /// How often an HTTP/2 connection pings its peer, and how long it waits
 /// for the answer before closing: a vanished client's connection goes.
 const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
@@ -50,12 +64,61 @@ const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
     pub connections_max: usize,
+    pub peer_connections_max: usize,
     pub header_read_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        Self { connections_max: CONNECTIONS_MAX, header_read_timeout: HEADER_READ_TIMEOUT }
+        Self {
+            connections_max: CONNECTIONS_MAX,
+            peer_connections_max: PEER_CONNECTIONS_MAX,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        }
+    }
+}
+
+/// How many of something (connections, handshakes) each peer address
+/// holds, bounded per address. The control API's accept path only: a
+/// lock per connection accepted and closed.
+struct PerPeer {
+    held: Mutex<HashMap<IpAddr, usize>>,
+    max: usize,
+}
+
+/// One peer's share of a [`PerPeer`], given back when dropped.
+struct PeerShare {
+    of: Arc<PerPeer>,
+    ip: IpAddr,
+}
+
+impl PerPeer {
+    fn new(max: usize) -> Arc<Self> {
+        assert!(max > 0, "a peer may hold at least one");
+        Arc::new(Self { held: Mutex::new(HashMap::new()), max })
+    }
+
+    /// A share for `ip`, or `None` when it holds its most already.
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<PeerShare> {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(ip).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerShare { of: Arc::clone(self), ip })
+    }
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        let mut held = self.of.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let std::collections::hash_map::Entry::Occupied(mut count) = held.entry(self.ip) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
     }
 }
 
@@ -88,6 +151,7 @@ where
 {
     assert!(limits.connections_max > 0 && limits.connections_max <= u32::MAX as usize);
     let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let per_peer = PerPeer::new(limits.peer_connections_max);
     let (closing, closing_rx) = watch::channel(false);
     let mut stop = std::pin::pin!(stop);
     loop {
@@ -100,8 +164,12 @@ where
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
         };
+        let Some(share) = per_peer.take(remote.ip()) else {
+            tracing::debug!(peer = %remote, "control API connection closed: its address holds {} already", per_peer.max);
+            continue;
+        };
         let peer = Peer { addr: Some(remote), cert_name: io.cert_name() };
-        tokio::spawn(serve_connection(io, peer, router.clone(), limits, closing_rx.clone(), slot));
+        tokio::spawn(serve_connection(io, peer, router.clone(), limits, closing_rx.clone(), (slot, share)));
     }
     drop(listener);
     let _ = closing.send(true);
@@ -115,7 +183,7 @@ async fn serve_connection<I: ControlIo>(
     router: axum::Router,
     limits: ConnectionLimits,
     mut closing: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
+    _held: (OwnedSemaphorePermit, PeerShare),
 ) {
     let remote = peer.addr;
     let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
@@ -176,6 +244,7 @@ async fn accept_loop(
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     let slots = Arc::new(Semaphore::new(TLS_HANDSHAKES_MAX));
+    let per_peer = PerPeer::new(PEER_HANDSHAKES_MAX);
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
         let (stream, peer) = match listener.accept().await {
@@ -186,11 +255,15 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Some(share) = per_peer.take(peer.ip()) else {
+            tracing::debug!(%peer, "control API connection closed: its address has {PEER_HANDSHAKES_MAX} handshakes under way");
+            continue;
+        };
         let (acceptor, ready) = (acceptor.clone(), ready.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
-                    drop(slot);
+                    drop((slot, share));
                     let _ = ready.send((stream, peer)).await;
                 }
                 Ok(Err(err)) => tracing::debug!(%peer, "control API TLS handshake failed: {err}"),
@@ -236,7 +309,11 @@ mod tests {
                 peer.addr.map(|r| r.to_string()).unwrap_or_default()
             }),
         );
-        let limits = ConnectionLimits { connections_max: 2, header_read_timeout: Duration::from_millis(500) };
+        let limits = ConnectionLimits {
+            connections_max: 2,
+            peer_connections_max: 2,
+            header_read_timeout: Duration::from_millis(500),
+        };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, router, limits, async move {
             let _ = stopped.await;
@@ -267,6 +344,103 @@ mod tests {
             assert!(read.is_ok(), "a trickled head is cut off");
         }
         let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), server).await.expect("stops").expect("joined");
+    }
+
+    /// One address with its share of TLS handshakes under way (peers that
+    /// connect and say nothing) gets the next connection closed at once,
+    /// not held until the handshake timeout; another address completes
+    /// its handshake meanwhile.
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_share_of_handshakes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+        let (cert, key) = (dir.path().join("node.pem"), dir.path().join("node.key"));
+        std::fs::write(&cert, certified.cert.pem()).expect("cert");
+        std::fs::write(&key, certified.key_pair.serialize_pem()).expect("key");
+        let files = sluice_transport::tls::ServerTlsFiles { cert: cert.clone(), key, client_ca: None };
+        let config = sluice_transport::tls::server_config(&files).expect("server config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let _tls = TlsListener::new(listener, config).expect("listener");
+
+        let mut silent = Vec::new();
+        for _ in 0..PEER_HANDSHAKES_MAX {
+            silent.push(connect_from("127.0.0.1", addr).await);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut one_more = connect_from("127.0.0.1", addr).await;
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT / 2, one_more.read(&mut byte)).await;
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "closed at once, not held for a handshake: {closed:?}");
+
+        let client = sluice_transport::tls::ClientTlsFiles { ca: Some(cert), identity: None };
+        let connector =
+            tokio_rustls::TlsConnector::from(sluice_transport::tls::client_config(&client).expect("client"));
+        let name = sluice_transport::tls::server_name("127.0.0.1").expect("name");
+        let other = connector.connect(name, connect_from("127.0.0.2", addr).await).await;
+        assert!(other.is_ok(), "another address completes its handshake: {:?}", other.err());
+        drop(silent);
+    }
+
+    /// Connects from `local` (a loopback address of its own) to `addr`.
+    async fn connect_from(local: &str, addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(format!("{local}:0").parse().expect("addr")).expect("bind");
+        socket.connect(addr).await.expect("connect")
+    }
+
+    /// One address that holds its share of connections gets the next one
+    /// closed at once, while another address is served; once one of the
+    /// first's closes, it is served again.
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_share_of_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limits = ConnectionLimits {
+            connections_max: 8,
+            peer_connections_max: 2,
+            header_read_timeout: Duration::from_secs(30),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, limits, async move {
+            let _ = stopped.await;
+        }));
+        let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let answered = |mut stream: TcpStream| async move {
+            // A refused connection may be reset before this write lands.
+            let _ = stream.write_all(request).await;
+            let mut answer = String::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer)).await;
+            read.expect("answered or closed within the bound").map(|_| answer).unwrap_or_default()
+        };
+
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut stream = connect_from("127.0.0.1", addr).await;
+            stream.write_all(b"GET / HTTP/1.1\r\n").await.expect("half a head");
+            held.push(stream);
+        }
+        // Give the server a moment to have accepted both.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let third = answered(connect_from("127.0.0.1", addr).await).await;
+        assert_eq!(third, "", "a third connection from the same address is closed unanswered");
+        let other = answered(connect_from("127.0.0.2", addr).await).await;
+        assert!(other.starts_with("HTTP/1.1 200"), "another address is served: {other}");
+
+        drop(held.pop());
+        let mut again = String::new();
+        for _ in 0..100 {
+            again = answered(connect_from("127.0.0.1", addr).await).await;
+            if !again.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(again.starts_with("HTTP/1.1 200"), "served once one of its own closed: {again:?}");
+        let _ = stop.send(());
+        drop(held);
         tokio::time::timeout(Duration::from_secs(10), server).await.expect("stops").expect("joined");
     }
 }
