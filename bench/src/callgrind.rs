@@ -22,7 +22,7 @@
 //! has); the page-cache count is the served path alone.
 //!
 //! A second pair of runs counts only the instructions spent inside
-//! [`sluice_dataplane::blocks::block_crc`] (`--toggle-collect` collects
+//! `sluice_dataplane::blocks::block_crc` (`--toggle-collect` collects
 //! inside the function named and nowhere else), so the served path's own
 //! cost reads apart from verifying every block, whose CRC32C is about
 //! 1,930 instructions a 4 KiB block here: callgrind, which runs no AVX-512,

@@ -49,7 +49,7 @@ enum Cmd {
         /// Size of each data file (random bytes, tokens).
         #[arg(long)]
         data_mib: Option<u64>,
-        /// Where the report goes [default: bench/results/<date>, or
+        /// Where the report goes [default: bench/results/{DATE}, or
         /// target/bench-short with --short].
         #[arg(long)]
         out: Option<PathBuf>,
@@ -79,7 +79,7 @@ enum Cmd {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
-        /// Where the report goes [default: bench/results/<date>].
+        /// Where the report goes [default: bench/results/{DATE}].
         #[arg(long)]
         out: Option<PathBuf>,
     },

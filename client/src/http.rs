@@ -167,7 +167,7 @@ impl ControlHttp {
     /// A request to `path`, with the bearer credential set: under the
     /// ordinary deadline, or, for one of the node's long operations
     /// ([`sluice_proto::api::LONG_OPERATIONS`]), with none but the bounds
-    /// of [`Timeouts`] on a stuck send and a silent node.
+    /// of `Timeouts` on a stuck send and a silent node.
     pub fn request(&self, method: &str, path: &str) -> ureq::Request {
         let long = sluice_proto::api::is_long_operation(method, path);
         self.on(if long { &self.long_agent } else { &self.agent }, method, path)

@@ -32,7 +32,7 @@
 //! with `audit_log = PATH`, as JSON lines appended to that file (0600,
 //! opened at start, before privileges drop). The file is rotated as
 //! logrotate does by default: moved away (or removed), the next record
-//! makes a new one at `PATH` ([`AuditFile`]), so no record falls between
+//! makes a new one at `PATH` (`AuditFile`), so no record falls between
 //! a copy and a truncate. A record that cannot be written is an error in
 //! the log; the call it records is not undone.
 

@@ -116,7 +116,7 @@ pub enum Command {
         /// Overrides the global batch size recorded in the state.
         #[arg(long)]
         global_batch: Option<u64>,
-        /// Write each sample's bytes to DIR/step<K>-<position>.bin.
+        /// Write each sample's bytes to DIR/step{K}-{POSITION}.bin.
         #[arg(long)]
         dump: Option<PathBuf>,
     },

@@ -9,7 +9,7 @@
 //! of the data, whenever a node loads them.
 //!
 //! Folding appends one whole block at a time, so it uses the operator of a
-//! 4 KiB shift, made once ([`BlockShift`]): 32 XORs at most per block,
+//! 4 KiB shift, made once (`BlockShift`): 32 XORs at most per block,
 //! where a general combine squares GF(2) matrices for every call (about
 //! 94,000 instructions; a 1 TB dataset's blocks would take hours to load).
 

@@ -128,7 +128,7 @@ impl Drop for Arena {
 }
 
 /// Free slots of one core's arena. Owned by that core; returns from other
-/// threads arrive through [`SlotReturn`].
+/// threads arrive through its return channel (`returns_rx`).
 pub struct SlotPool {
     arena: Arc<Arena>,
     free: Vec<u32>,

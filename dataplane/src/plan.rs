@@ -119,7 +119,7 @@ pub fn plan_batch(ranges: &[ByteRange], geometry: PlanGeometry) -> BatchPlan {
 ///
 /// Written for the served path's cost (it runs once per range on the
 /// core): sizes are powers of two, so rounding is masking; the ranges are
-/// sorted as one integer key each ([`OrderKey`]: a `u64` unless the
+/// sorted as one integer key each (`OrderKey`: a `u64` unless the
 /// dataset's blocks and the batch's ranges need more bits), not as tuples;
 /// and an extent that fits one unit, as every small read's does, is cut
 /// into pieces without dividing.

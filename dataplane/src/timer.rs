@@ -14,7 +14,7 @@
 //! How: each timer is an entry in the core's table (a thread-local; a core's
 //! tasks all run on its thread). The `timerfd` is armed for the soonest
 //! deadline any entry had when it was armed. When it fires, one task on the
-//! core ([`drive`]) wakes every entry that is due and arms the fd for the
+//! core (`drive`) wakes every entry that is due and arms the fd for the
 //! soonest one left. A deadline moved later is not re-armed at once: the fd
 //! fires at the old time, finds nothing due, and arms for the new soonest.
 //!

@@ -91,7 +91,7 @@ struct Args {
     /// sealed dataset, and listeners off loopback need no TLS.
     #[arg(long)]
     insecure: bool,
-    /// Operator tokens, one per line (a token or blake3:<hex>), in a file
+    /// Operator tokens, one per line (a token or blake3:{HEX}), in a file
     /// only the node's user can read [default: DATA_DIR/admin.token, made
     /// at first start].
     #[arg(long, value_name = "FILE")]

@@ -1,7 +1,7 @@
 //! Starting and stopping a node: [`Node::start`] opens everything that
 //! needs root in order, drops to `--user`, and serves. The transports and
-//! the block driver it starts are in [`transports`], the eBPF steering and
-//! trace in [`steering`].
+//! the block driver it starts are in `transports`, the eBPF steering and
+//! trace in `steering`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The moving parts of sluice's two transports that a training host needs:
 //! the TCP client and the RDMA client (over the safe verbs wrappers in
-//! [`verbs`]), framing on a byte stream, and TLS set-up. What both ends
+//! `verbs`), framing on a byte stream, and TLS set-up. What both ends
 //! share lives here too (frame I/O, the RDMA slot sizes, timeouts and
 //! work-request tags); the node's servers are `sluice-serve`.
 //!

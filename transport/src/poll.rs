@@ -109,7 +109,7 @@ impl PollWindow {
 
     /// How long the connection polls after a response now: the set window,
     /// stretched to half as long again as the mean gap between responses;
-    /// nothing when that is longer than [`Self::longest`].
+    /// nothing when that is longer than `Self::longest`.
     pub fn current(&self) -> Duration {
         if self.window.is_zero() {
             return Duration::ZERO;

@@ -7,7 +7,7 @@ use super::{Loader, LoaderError, Samples, StepBatch, Where};
 use crate::sampler::{SamplerKind, SamplerState};
 use crate::Dataset;
 
-/// Configuration of a [`RecordLoader`].
+/// Configuration of a record loader ([`Loader<RecordBatch>`](Loader)).
 #[derive(Clone, Debug)]
 pub struct RecordLoaderConfig {
     pub global_batch: u64,

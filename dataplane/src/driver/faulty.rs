@@ -25,7 +25,7 @@ pub struct FaultPlan {
     /// Reads overlapping these complete this much later.
     pub delays: Vec<(Range<u64>, Duration)>,
     /// The queue never says when a delayed read is due (no
-    /// [`FaultyQueue::completion_due`] for it): a wake-up lost between the
+    /// `FaultyQueue::completion_due` for it): a wake-up lost between the
     /// kernel and the event loop, which only a core that looks again by
     /// itself survives.
     pub delays_unannounced: bool,

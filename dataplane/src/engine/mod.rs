@@ -1,7 +1,7 @@
 //! The per-core engines and the [`DataPlane`] that fronts them. This file
 //! is the handle (start, attach, submit, stop); a core's loop, admission
-//! and lanes, in-flight table and completion are in [`core`], the result
-//! a transport holds in [`result`].
+//! and lanes, in-flight table and completion are in `core`, the result
+//! a transport holds in `result`.
 //!
 //! Each core is one thread that owns a queue pair per device, a DMA arena and
 //! a table of attached datasets; nothing on its path takes a lock. The
@@ -547,7 +547,7 @@ impl DataPlane {
 
     /// Hands a batch of a connection placed as `placement` to its core,
     /// unless that core is loaded and another of `placement.spill_to` much
-    /// less so (see [`SPILL_AT`]): a connection at a shallow queue depth
+    /// less so (see `SPILL_AT`): a connection at a shallow queue depth
     /// stays on its thread, and one with many batches in flight is not held
     /// to one core's CPU. The placement's cores were checked when its
     /// group was made ([`DataPlane::core_group`]).

@@ -9,7 +9,7 @@
 //! authorization, which then refuses with a reason instead of a bare
 //! handshake failure. The identity a certificate carries is its subject's
 //! common name (CN), as in Kubernetes' x509 authenticator. Certificates,
-//! keys and CA files are followed as they change ([`reload`]): a rotated
+//! keys and CA files are followed as they change (`reload`): a rotated
 //! pair or CA is taken up without a restart.
 
 mod reload;
@@ -111,7 +111,7 @@ fn roots(ca: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
 /// certificate signed by it (and one signed by anything else fails the
 /// handshake); clients without one still connect. The certificate, its
 /// key and the client CA are read now and again whenever their files
-/// change ([`reload`]).
+/// change (`reload`).
 pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let certificate = reload::ReloadingCert::certificate(&files.cert, &files.key, provider())?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
