@@ -9,6 +9,7 @@ mod inflight;
 mod poll;
 mod recheck;
 
+use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::task::Poll;
 
@@ -256,43 +257,28 @@ impl CoreEngine {
         watched: Option<&AsyncFd<CompletionFd>>,
         due: Option<std::time::Instant>,
     ) {
-        let woken = match (watched, due) {
-            // The usual wait (an io_uring's fd, no delayed completion): one
-            // `poll_fn` over the fd's reader slot and the inbox. A
-            // `readable()` future would enter the fd's list of waiters and
-            // leave it again on every wait, and the core waits once for
-            // each group of completions.
-            (Some(watched), None) => {
-                std::future::poll_fn(|cx| {
-                    // The fd first: completions it announces are not late.
-                    if let Poll::Ready(ready) = watched.poll_read_ready(cx) {
-                        return Poll::Ready(Woken::Completions(ready.map(|mut guard| guard.clear_ready())));
-                    }
-                    self.inbox.poll_recv(cx).map(Woken::Message)
-                })
-                .await
-            }
-            (watched, due) => {
-                let readable = async {
-                    match watched {
-                        Some(watched) => watched.readable().await.map(|mut guard| guard.clear_ready()),
-                        None => std::future::pending().await,
-                    }
-                };
-                let due = async {
-                    match due {
-                        Some(due) => crate::timer::sleep_until(due).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    ready = readable => Woken::Completions(ready),
-                    message = self.inbox.recv() => Woken::Message(message),
-                    () = due => Woken::Due,
-                }
+        let due = async {
+            match due {
+                Some(due) => crate::timer::sleep_until(due).await,
+                None => std::future::pending().await,
             }
         };
+        let mut due = std::pin::pin!(due);
+        // One `poll_fn` over the fd's reader slot, the inbox and the time a
+        // held-back completion is due. A `readable()` future would enter
+        // the fd's list of waiters and leave it again on every wait, and
+        // the core waits once for each group of completions.
+        let woken = std::future::poll_fn(|cx| {
+            // The fd first: completions it announces are not late.
+            if let Some(Poll::Ready(ready)) = watched.map(|watched| watched.poll_read_ready(cx)) {
+                return Poll::Ready(Woken::Completions(ready.map(|mut guard| guard.clear_ready())));
+            }
+            if let Poll::Ready(message) = self.inbox.poll_recv(cx) {
+                return Poll::Ready(Woken::Message(message));
+            }
+            due.as_mut().poll(cx).map(|()| Woken::Due)
+        })
+        .await;
         match woken {
             // Readiness was cleared before the next reap, so a completion
             // that lands after that reap raises it again.
