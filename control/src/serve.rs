@@ -296,13 +296,26 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Serves `router` within `limits` on a loopback port: its address,
+    /// the sender that stops it, and the serving task.
+    async fn serving(
+        router: axum::Router,
+        limits: ConnectionLimits,
+    ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, limits, async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop, server)
+    }
+
     /// A peer that trickles a request head is cut off at the head timeout,
     /// and connections past the bound wait until one closes; a whole
     /// request is answered, its handler told the peer's address.
     #[tokio::test]
     async fn slow_heads_are_cut_off_and_connections_are_bounded() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let router = axum::Router::new().route(
             "/peer",
             axum::routing::get(|ConnectInfo(peer): ConnectInfo<Peer>| async move {
@@ -314,10 +327,7 @@ mod tests {
             peer_connections_max: 2,
             header_read_timeout: Duration::from_millis(500),
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, limits, async move {
-            let _ = stopped.await;
-        }));
+        let (addr, stop, server) = serving(router, limits).await;
 
         let started = std::time::Instant::now();
         let mut slow = Vec::new();
@@ -395,18 +405,13 @@ mod tests {
     /// first's closes, it is served again.
     #[tokio::test]
     async fn one_address_holds_at_most_its_share_of_connections() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let limits = ConnectionLimits {
             connections_max: 8,
             peer_connections_max: 2,
             header_read_timeout: Duration::from_secs(30),
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, limits, async move {
-            let _ = stopped.await;
-        }));
+        let (addr, stop, server) = serving(router, limits).await;
         let request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         let answered = |mut stream: TcpStream| async move {
             // A refused connection may be reset before this write lands.
