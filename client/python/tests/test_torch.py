@@ -1,6 +1,6 @@
 """The PyTorch datasets against a real sluiced: worker and rank split, exact
-resume through torchdata's StatefulDataLoader, fork and spawn, WebDataset
-interop, zero-copy reads, and the errors a job sees."""
+resume through torchdata's StatefulDataLoader, fork and spawn, mixtures,
+WebDataset interop, zero-copy reads, and the errors a job sees."""
 
 import io
 import json
@@ -21,7 +21,7 @@ from conftest import need
 torch = need("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sluice.torch import RecordDataset, WdsDataset, WindowDataset, loader_position  # noqa: E402
+from sluice.torch import MixtureDataset, RecordDataset, WdsDataset, WindowDataset, loader_position  # noqa: E402
 
 RECORDS = 240
 
@@ -181,6 +181,143 @@ def test_state_survives_a_resume_with_other_workers_and_world_size(node, records
     fresh = dataset()
     fresh.load_state_dict(state)
     assert [numbers(b) for b in fresh] == uninterrupted[k:]
+
+
+SMALL = 60
+SMALL_FIRST = 10_000
+
+
+@pytest.fixture(scope="module")
+def small_records(node, tmp_path_factory):
+    """A second records dataset, a quarter the size: record ``i`` starts
+    with ``SMALL_FIRST + i``."""
+    work = tmp_path_factory.mktemp("small")
+    data, offsets = bytearray(), [0]
+    for i in range(SMALL):
+        data += (SMALL_FIRST + i).to_bytes(8, "little") + b"s" * (i % 7)
+        offsets.append(len(data))
+    (work / "small.bin").write_bytes(bytes(data))
+    (work / "small.idx").write_bytes(np.array(offsets, dtype="<u8").tobytes())
+    node.ctl("dataset", "create", "small", "--kind", "records")
+    node.ctl("dataset", "ingest", "small", str(work / "small.bin"), "--index", str(work / "small.idx"))
+    node.ctl("dataset", "seal", "small")
+    return "small"
+
+
+def test_a_mixture_holds_each_share_in_every_batch_and_resumes_anywhere(node, records, small_records):
+    need("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def mixture(rank=0, world=1):
+        big = RecordDataset(node.endpoint, records, batch_size=6, seed=3, rank=rank, world_size=world)
+        small = RecordDataset(node.endpoint, small_records, batch_size=2, seed=4, rank=rank, world_size=world)
+        return MixtureDataset([big, small])
+
+    def stream(name, batch_size, seed, epoch):
+        ds = RecordDataset(node.endpoint, name, batch_size=batch_size, seed=seed)
+        ds.set_epoch(epoch)
+        return [numbers(b) for b in run(ds, 0)]
+
+    # An epoch reads as many samples as the two hold: (240 + 60) / 8 steps.
+    steps = -(-(RECORDS + SMALL) // 8)
+    uninterrupted = [numbers(b) for b in run(mixture(), 0)]
+    assert len(uninterrupted) == steps == len(mixture())
+    # Every batch: six of the first dataset, then two of the second, each
+    # its own sequence, step for step; the small one (30 steps an epoch)
+    # runs into its next epoch's order.
+    assert [b[:6] for b in uninterrupted] == stream(records, 6, 3, 0)[:steps]
+    assert [b[6:] for b in uninterrupted] == (stream(small_records, 2, 4, 0) + stream(small_records, 2, 4, 1))[:steps]
+    for num_workers, context in ((3, "fork"), (2, "spawn")):
+        assert [numbers(b) for b in run(mixture(), num_workers, context)] == uninterrupted, num_workers
+
+    # Saved after 7 steps by two workers, resumed by the same DataLoader,
+    # then by three workers on each of two ranks from the merged position.
+    k = 7
+    first = StatefulDataLoader(mixture(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    taken = []
+    for batch in first:
+        taken.append(numbers(batch))
+        if len(taken) == k:
+            saved = first.state_dict()
+            break
+    assert taken == uninterrupted[:k]
+    del first
+    again = StatefulDataLoader(mixture(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    again.load_state_dict(saved)
+    assert [numbers(b) for b in again] == uninterrupted[k:]
+    position = loader_position(saved)
+    assert len(json.dumps(position)) < 2048 and json.loads(json.dumps(position)) == position
+    ranks = []
+    for rank in range(2):
+        ds = mixture(rank, 2)
+        ds.load_state_dict(position)
+        ranks.append([numbers(b) for b in run(ds, 3, "fork")])
+    # Each rank takes its half of each dataset's share of a step.
+    joined = [a[:3] + b[:3] + a[3:] + b[3:] for a, b in zip(*ranks, strict=True)]
+    assert joined == uninterrupted[k:]
+
+    # The next epoch goes on where each sequence stood.
+    ds = mixture()
+    ds.set_epoch(1)
+    second = [numbers(b) for b in run(ds, 0)]
+    assert [b[:6] for b in second] == (stream(records, 6, 3, 0) + stream(records, 6, 3, 1))[steps:2 * steps]
+    assert [b[6:] for b in second] == (stream(small_records, 2, 4, 1) + stream(small_records, 2, 4, 2))[steps - 30:2 * steps - 30]
+
+
+def test_a_token_mixture_is_one_array_written_in_place(node, tokens):
+    def mixture(steps_per_epoch=None):
+        wide = WindowDataset(node.endpoint, "toks", window=16, batch_size=3, seed=9)
+        narrow = WindowDataset(node.endpoint, "toks", window=16, batch_size=1, seed=11)
+        return MixtureDataset([wide, narrow], steps_per_epoch=steps_per_epoch)
+
+    ds = mixture(steps_per_epoch=5)
+    batches = run(ds, 2, "fork")
+    assert len(batches) == 5 and all(b.shape == (4, 16) and b.dtype == torch.uint16 for b in batches)
+    alone = WindowDataset(node.endpoint, "toks", window=16, batch_size=3, seed=9)
+    assert torch.equal(batches[0][:3], next(iter(alone)))
+    it = iter(ds)
+    batch = next(it)
+    assert len(ds.last_starts) == 4
+    for row, start in zip(batch.numpy(), ds.last_starts):
+        assert (row == tokens[start:start + 16]).all()
+    # A state names the next step; the saved epoch length wins.
+    state = ds.state_dict()
+    assert state["next_step"] == 1 and state["steps_per_epoch"] == 5
+    resumed = mixture()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert len(resumed) == 5
+    assert all(torch.equal(a, b) for a, b in zip(run(resumed, 0), batches[1:], strict=True))
+
+
+def test_a_mixture_refuses_what_it_cannot_mix(node, records, small_records):
+    def recs(name=records, batch_size=2):
+        return RecordDataset(node.endpoint, name, batch_size=batch_size, seed=1)
+
+    windows = WindowDataset(node.endpoint, "toks", window=16, batch_size=2, seed=1)
+    with pytest.raises(ValueError, match="one kind"):
+        MixtureDataset([windows, recs()])
+    with pytest.raises(ValueError, match="one window length"):
+        MixtureDataset([windows, WindowDataset(node.endpoint, "toks", window=8, batch_size=2, seed=1)])
+    with pytest.raises(ValueError, match="one rank"):
+        MixtureDataset([recs(), RecordDataset(node.endpoint, records, 2, 1, rank=1, world_size=2)])
+    same = recs()
+    with pytest.raises(ValueError, match="appears twice"):
+        MixtureDataset([same, same])
+    with pytest.raises(ValueError, match="at least one"):
+        MixtureDataset([])
+
+    state = MixtureDataset([recs(), recs(small_records)]).state_dict()
+    with pytest.raises(sluice.StateMismatch, match="mixture of 2 streams cannot resume one of 3"):
+        MixtureDataset([recs(), recs(small_records), recs()]).load_state_dict(state)
+    with pytest.raises(sluice.StateMismatch, match="cannot resume"):
+        recs().load_state_dict(state)
+    swapped = MixtureDataset([recs(small_records), recs()])
+    with pytest.raises(sluice.StateMismatch, match="dataset"):
+        swapped.load_state_dict(state)
+        next(iter(swapped))
+    plain = {"worker": recs().state_dict()}
+    with pytest.raises(sluice.StateMismatch, match="states of 2 datasets"):
+        loader_position({"a": state, **plain})
 
 
 def test_a_parent_that_used_the_client_does_not_hang(node, records):

@@ -9,7 +9,7 @@
 
 Without torch, ``TokenWindows``, ``Records`` and ``WdsSamples`` are the
 iterators behind ``sluice.torch``'s datasets (worker split, epochs, resume:
-see ``sluice.streams``). Failures raise ``SluiceError`` (an ``OSError``) or
+see ``sluice.streams``), and ``Mixture`` mixes them in fixed shares. Failures raise ``SluiceError`` (an ``OSError``) or
 one of its kinds: ``AccessDenied``, ``UnknownDataset``, ``NodeUnavailable``,
 ``WrongKind``, ``StateMismatch``, ``Forked``; a bad range ``ReadFailed``
 (a ``ValueError``).
@@ -41,10 +41,11 @@ SluiceError = _native.SluiceError
 StateMismatch = _native.StateMismatch
 UnknownDataset = _native.UnknownDataset
 WrongKind = _native.WrongKind
-from .streams import Records, TokenWindows, WdsSamples, _check_seed, loader_position
+from .streams import Mixture, Records, TokenWindows, WdsSamples, _check_seed, loader_position
 
 __all__ = [
-    "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "loader_position",
+    "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "Mixture",
+    "loader_position",
     "SluiceError", "AccessDenied", "UnknownDataset", "NodeUnavailable", "WrongKind", "StateMismatch",
     "ReadFailed", "Forked", "RDMA_UNAVAILABLE",
 ]

@@ -25,6 +25,9 @@ resumes at any worker count and world size. A changed world size keeps the
 saved global batch, so each rank's batch becomes ``G / R``; a changed
 worker count changes nothing in the order.
 
+A ``Mixture`` reads step ``s`` of each of its streams as its own step
+``s``, so all of the above holds for it unchanged.
+
 Connections are made lazily, in the process that reads: after a fork (the
 DataLoader default on Linux) a worker connects again and never touches its
 parent's client, and the objects pickle for ``spawn`` without one.
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -175,15 +178,7 @@ class _Stream:
         state = self._resume
         if state is None:
             return first + worker
-        step = int(state["sampler"]["next_sample"]) // self._global_batch()
-        if state["workers"] == workers and state["worker"] == worker:
-            return step
-        if state["workers"] == 1:
-            return step + worker
-        raise _native.StateMismatch(
-            f"a state of worker {state['worker']} of {state['workers']} cannot resume worker {worker} of "
-            f"{workers}: merge the DataLoader's state with sluice.loader_position() first"
-        )
+        return _resumed_step(state, int(state["sampler"]["next_sample"]) // self._global_batch(), worker, workers)
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader()
@@ -217,18 +212,21 @@ class _Stream:
         self._loader()
         worker, workers = self._worker()
         step = self._next_step if self._next_step is not None else self._first_step(worker, workers)
+        return {"sluice": STATE_VERSION, "kind": self._kind, "epoch": self.epoch, "worker": worker,
+                "workers": workers, "sampler": self._sampler_at(step)}
+
+    def _sampler_at(self, step: int) -> Dict[str, Any]:
+        """The sampler's state (seed, global batch, dataset hash) at the
+        start of ``step``. Connects if need be."""
+        self._loader()
         sampler = dict(self._sampler)
         sampler["next_sample"] = step * self._global_batch()
         sampler["epoch"] = sampler["next_sample"] // int(sampler["samples_per_epoch"])
-        return {"sluice": STATE_VERSION, "kind": self._kind, "epoch": self.epoch, "worker": worker,
-                "workers": workers, "sampler": sampler}
+        return sampler
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at ``state`` (this class's, or ``loader_position``'s)."""
-        if not isinstance(state, dict) or state.get("sluice") != STATE_VERSION:
-            raise _native.StateMismatch("not a sluice dataset state (see sluice.loader_position for DataLoader states)")
-        if state.get("kind") != self._kind:
-            raise _native.StateMismatch(f"a {state.get('kind')} state cannot resume a {self._kind} dataset")
+        _check_state(state, self._kind)
         self._resume = state
         self.epoch = int(state["epoch"])
         self._next_step = None
@@ -239,16 +237,38 @@ class _Stream:
             self._sampler = dict(state["sampler"], next_sample=0, epoch=0)
 
 
+def _check_state(state: Any, kind: str) -> None:
+    """Refuses what is not a sluice state of ``kind``."""
+    if not isinstance(state, dict) or state.get("sluice") != STATE_VERSION:
+        raise _native.StateMismatch("not a sluice dataset state (see sluice.loader_position for DataLoader states)")
+    if state.get("kind") != kind:
+        raise _native.StateMismatch(f"a {state.get('kind')} state cannot resume a {kind} dataset")
+
+
+def _resumed_step(state: Dict[str, Any], step: int, worker: int, workers: int) -> int:
+    """The first step of ``worker`` of ``workers`` resuming ``state``, whose
+    own next step is ``step``: a worker's state resumes that worker, and a
+    merged one (``loader_position``'s, one worker) any worker count."""
+    if state["workers"] == workers and state["worker"] == worker:
+        return step
+    if state["workers"] == 1:
+        return step + worker
+    raise _native.StateMismatch(
+        f"a state of worker {state['worker']} of {state['workers']} cannot resume worker {worker} of "
+        f"{workers}: merge the DataLoader's state with sluice.loader_position() first"
+    )
+
+
 def loader_position(loader_state: Dict[str, Any]) -> Dict[str, Any]:
     """The one position in a DataLoader's (``StatefulDataLoader``) state:
-    the sluice states of its workers merged into the smallest next step,
-    which any worker count and world size resumes from with
-    ``dataset.load_state_dict``."""
+    the sluice states of its workers (of one dataset or one ``Mixture``)
+    merged into the smallest next step, which any worker count and world
+    size resumes from with ``dataset.load_state_dict``."""
     found: List[Dict[str, Any]] = []
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            if node.get("sluice") == STATE_VERSION and "sampler" in node:
+            if node.get("sluice") == STATE_VERSION and ("sampler" in node or "streams" in node):
                 found.append(node)
                 return
             for value in node.values():
@@ -260,11 +280,26 @@ def loader_position(loader_state: Dict[str, Any]) -> Dict[str, Any]:
     walk(loader_state)
     if not found:
         raise _native.StateMismatch("the DataLoader state holds no sluice dataset state")
-    hashes = {s["sampler"]["content_hash"] for s in found}
-    if len(hashes) != 1:
-        raise _native.StateMismatch(f"the DataLoader state holds states of {len(hashes)} datasets")
-    first = min(found, key=lambda s: int(s["sampler"]["next_sample"]))
+    identities = {_identity(state) for state in found}
+    if len(identities) != 1:
+        raise _native.StateMismatch(f"the DataLoader state holds states of {len(identities)} datasets")
+    first = min(found, key=_next_step)
     return dict(first, worker=0, workers=1)
+
+
+def _identity(state: Dict[str, Any]) -> Tuple[str, ...]:
+    """What a state is of: its dataset, or a mixture's datasets in order."""
+    if "streams" in state:
+        return ("mixture",) + tuple(sampler["content_hash"] for sampler in state["streams"])
+    return (state["sampler"]["content_hash"],)
+
+
+def _next_step(state: Dict[str, Any]) -> int:
+    """A state's next step (its workers' states share the global batch, so
+    the next sample orders a dataset's states as well)."""
+    if "streams" in state:
+        return int(state["next_step"])
+    return int(state["sampler"]["next_sample"])
 
 
 class TokenWindows(_Stream):
@@ -289,15 +324,22 @@ class TokenWindows(_Stream):
     def _empty(self, rows: int, dtype: np.dtype) -> Any:
         return np.empty((rows, self.window), dtype=dtype)
 
+    def _rows(self) -> int:
+        """Windows per batch on this rank."""
+        return self._global_batch() // self.world_size
+
     def _next(self, loader: Any) -> Any:
-        dtype = _DTYPES[loader.token_bytes]
-        rows = self._global_batch() // self.world_size
-        out = self._empty(rows, dtype)
+        out = self._empty(self._rows(), _DTYPES[loader.token_bytes])
+        self._read_into(loader, out)
+        return self._int64(out) if self.as_int64 else out
+
+    def _read_into(self, loader: Any, out: Any) -> None:
+        """Reads the next step's windows into ``out`` (contiguous, this
+        rank's rows), with no copy on this side."""
         address, nbytes = writable_address(out)
         _, got = loader.next_into(address, nbytes)
-        assert got == rows, f"{got} windows for {rows}"
+        assert got == len(out), f"{got} windows for {len(out)}"
         self.last_starts = loader.last_starts
-        return self._int64(out) if self.as_int64 else out
 
     def _int64(self, out: Any) -> Any:
         return out.astype(np.int64)
@@ -342,3 +384,147 @@ class WdsSamples(Records):
 
     def _next(self, loader: Any) -> List[Dict[str, Any]]:
         return [wds.sample(span, self.decode) for span in super()._next(loader)]
+
+
+class Mixture:
+    """Batches that mix datasets in fixed shares: each step's batch holds
+    each stream's batch of that step, in the order the streams are given,
+    so the streams' ``batch_size``s are the mixture's proportions (6 and 2:
+    three quarters of every batch from the first). As Mosaic Streaming's
+    ``batching_method="stratified"``: the share holds in every batch, not
+    only on average.
+
+    ``streams`` are datasets of one kind (``TokenWindows`` of one window
+    length and ``as_int64``, or ``Records``, or ``WdsSamples``), each with
+    its own name, seed and batch size, and one rank and world size; a token
+    batch is one ``(rows, window)`` array, each stream's rows written into
+    their place (the first stream's ``pin_memory`` applies), and
+    ``last_starts`` are the rows' starts; a record batch is one list.
+
+    Step ``s`` of the mixture is step ``s`` of every stream's own sequence
+    (see this module's first lines), which runs on past the stream's epoch:
+    a stream its share reads faster than the others is read again in its
+    next epoch's order, one it reads slower is read on where the last
+    epoch left it. An epoch of the mixture is ``steps_per_epoch`` steps;
+    by default as many as read the streams' samples per epoch together
+    once (Mosaic's default epoch size with proportions). Workers, ranks,
+    ``set_epoch`` and ``state_dict`` are as for one stream; a state names
+    the next step and each stream's sampler, ``loader_position`` merges a
+    DataLoader's, and the saved epoch length wins over the one passed, as
+    the saved global batch does."""
+
+    _kind = "mixture"
+
+    def __init__(self, streams: Sequence[_Stream], steps_per_epoch: Optional[int] = None):
+        streams = list(streams)
+        if not streams:
+            raise ValueError("a mixture has at least one stream")
+        kinds = sorted({stream._kind for stream in streams})
+        if len(kinds) != 1:
+            raise ValueError(f"a mixture's streams are of one kind, not {kinds}")
+        if len({id(stream) for stream in streams}) != len(streams):
+            raise ValueError("a stream appears twice in the mixture: give it the larger batch_size instead")
+        if len({(stream.rank, stream.world_size) for stream in streams}) != 1:
+            raise ValueError("a mixture's streams have one rank and world size")
+        if isinstance(streams[0], TokenWindows):
+            shapes = {(stream.window, stream.as_int64) for stream in streams}  # type: ignore[attr-defined]
+            if len(shapes) != 1:
+                raise ValueError("a mixture's token windows have one window length and one as_int64")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError("steps_per_epoch is at least 1")
+        self.streams = streams
+        self.rank, self.world_size = streams[0].rank, streams[0].world_size
+        self._steps_per_epoch = steps_per_epoch
+        self.epoch = 0
+        self._resume: Optional[Dict[str, Any]] = None
+        self._next_step: Optional[int] = None
+        self.last_starts: List[int] = []
+
+    def _worker(self) -> Tuple[int, int]:
+        """``(worker, workers)`` of this process; ``(0, 1)`` outside one."""
+        return 0, 1
+
+    def steps_per_epoch(self) -> int:
+        """Steps (batches per rank) in an epoch. The default asks the
+        nodes, connecting if need be."""
+        if self._steps_per_epoch is not None:
+            return self._steps_per_epoch
+        samples = sum(int(stream._sampler_at(0)["samples_per_epoch"]) for stream in self.streams)
+        return -(-samples // sum(stream._global_batch() for stream in self.streams))
+
+    def __len__(self) -> int:
+        """An epoch's steps, as for one stream."""
+        return self.steps_per_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads, as for one stream."""
+        self.epoch = int(epoch)
+        if self._resume is not None and self._resume["epoch"] != self.epoch:
+            self._resume = None
+
+    def _first_step(self, worker: int, workers: int) -> int:
+        if self._resume is None:
+            return self.epoch * self.steps_per_epoch() + worker
+        return _resumed_step(self._resume, int(self._resume["next_step"]), worker, workers)
+
+    def __iter__(self) -> Iterator[Any]:
+        loaders = [stream._loader() for stream in self.streams]
+        if len({loader.token_bytes for loader in loaders if hasattr(loader, "token_bytes")}) > 1:
+            names = ", ".join(stream.name for stream in self.streams)
+            raise _native.WrongKind(f"the token datasets of a mixture ({names}) have one token width")
+        worker, workers = self._worker()
+        step = self._first_step(worker, workers)
+        end = (self.epoch + 1) * self.steps_per_epoch()
+        self._next_step = step
+        if step < end:
+            for loader in loaders:
+                loader.set_schedule(step, workers, end)
+        while step < end:
+            batch = self._next(loaders)
+            step += workers
+            self._next_step = step
+            yield batch
+        self._resume = None
+        self._next_step = None
+        self.epoch += 1
+
+    def _next(self, loaders: List[Any]) -> Any:
+        first = self.streams[0]
+        if not isinstance(first, TokenWindows):
+            return [sample for stream, loader in zip(self.streams, loaders) for sample in stream._next(loader)]
+        rows = [stream._rows() for stream in self.streams]  # type: ignore[attr-defined]
+        out = first._empty(sum(rows), _DTYPES[loaders[0].token_bytes])
+        at, starts = 0, []
+        for stream, loader, count in zip(self.streams, loaders, rows):
+            stream._read_into(loader, out[at:at + count])  # type: ignore[attr-defined]
+            starts += stream.last_starts  # type: ignore[attr-defined]
+            at += count
+        self.last_starts = starts
+        return first._int64(out) if first.as_int64 else out
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position: the next step of this process (a worker's own), the
+        epoch, the epoch's length and each stream's sampler."""
+        worker, workers = self._worker()
+        step = self._next_step if self._next_step is not None else self._first_step(worker, workers)
+        return {"sluice": STATE_VERSION, "kind": self._kind, "epoch": self.epoch, "worker": worker,
+                "workers": workers, "next_step": step, "steps_per_epoch": self.steps_per_epoch(),
+                "streams": [stream._sampler_at(step) for stream in self.streams]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at ``state`` (this class's, or ``loader_position``'s);
+        each stream checks its sampler (its dataset, seed and kind) where it
+        connects."""
+        _check_state(state, self._kind)
+        samplers = state.get("streams")
+        if not isinstance(samplers, list) or len(samplers) != len(self.streams):
+            count = len(samplers) if isinstance(samplers, list) else "no"
+            raise _native.StateMismatch(f"a state of a mixture of {count} streams cannot resume one of "
+                                        f"{len(self.streams)}")
+        for stream, sampler in zip(self.streams, samplers):
+            stream.load_state_dict({"sluice": STATE_VERSION, "kind": stream._kind, "epoch": int(sampler["epoch"]),
+                                    "worker": 0, "workers": 1, "sampler": sampler})
+        self._resume = state
+        self.epoch = int(state["epoch"])
+        self._steps_per_epoch = int(state["steps_per_epoch"])
+        self._next_step = None

@@ -19,7 +19,7 @@ See ``sluice.streams`` for the order, epochs and resume rules.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import streams
 from .streams import loader_position
 
-__all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "loader_position"]
+__all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "MixtureDataset", "loader_position"]
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -130,3 +130,21 @@ class WdsDataset(_Torch, streams.WdsSamples):
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return streams.WdsSamples.__iter__(self)
+
+
+class MixtureDataset(_Torch, streams.Mixture):
+    """Batches that mix datasets of one kind in fixed shares: each step's
+    batch holds each dataset's ``batch_size`` samples of that step, in the
+    order given (see ``sluice.streams.Mixture``).
+
+    >>> web = WindowDataset(url, "web", window=2048, batch_size=6, seed=0)
+    >>> code = WindowDataset(url, "code", window=2048, batch_size=2, seed=1)
+    >>> ds = MixtureDataset([web, code])    # (8, 2048): rows 0-5 web, 6-7 code
+    """
+
+    def __init__(self, datasets: Sequence[Any], steps_per_epoch: Optional[int] = None):
+        IterableDataset.__init__(self)
+        streams.Mixture.__init__(self, datasets, steps_per_epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return streams.Mixture.__iter__(self)
