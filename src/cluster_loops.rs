@@ -2,7 +2,7 @@
 //! of datasets deleted elsewhere and copies the sealed datasets placed on
 //! this node from a live node that holds them, reading over the data plane
 //! with a grant it issues itself (a source-backed dataset's copy instead
-//! fills from its source: only a `records` or `wds` dataset's sample index
+//! fills from its source: only a `records`, `wds` or `mds` dataset's sample index
 //! is fetched from a peer); beside it, the grant refresh picks up grants
 //! issued or revoked on other nodes. On every node, clustered or not,
 //! grants past their end are dropped and their sessions closed.

@@ -1,4 +1,4 @@
-//! `records` and `wds` datasets: ingest with an offsets index, fixed-size
+//! `records`, `wds` and `mds` datasets: ingest with an offsets index, fixed-size
 //! records, and WebDataset tar shards indexed at ingest; the record loader
 //! reads each step's samples in one batch, resumes exactly, and replays.
 

@@ -374,7 +374,7 @@ impl Dataset {
         });
     }
 
-    /// The `(offset, len)` of every sample of a `records` or `wds` dataset,
+    /// The `(offset, len)` of every sample of a `records`, `wds` or `mds` dataset,
     /// from the control API (16 bytes per sample, held by the caller).
     pub async fn record_index(&self) -> Result<Vec<(u64, u64)>, ClientError> {
         let bytes = http_get_bytes(&self.session().http, format!("/v1/datasets/{}/index", self.name)).await?;

@@ -1,4 +1,4 @@
-//! The sample index of `records` and `wds` datasets
+//! The sample index of `records`, `wds` and `mds` datasets
 //! ([`sluice_proto::sample_index`] is its format), in a file beside the catalog.
 //! Entries are appended (and fsynced) before the catalog commits the count
 //! that makes them visible; entries past that count are cut at start.

@@ -1,5 +1,6 @@
 //! Appending one file's bytes to a dataset: raw (e.g. Megatron `.bin`) or
-//! `.npy` (header checked against the kind, then the array data), with the
+//! `.npy` (header checked against the kind, then the array data), indexing
+//! samples as they pass (WebDataset and MDS shards, offsets), with the
 //! chunk checksums kept up to date as bytes arrive. Nothing is committed
 //! here; the caller commits the outcome only when the whole file arrived.
 
@@ -11,6 +12,7 @@ use sluice_proto::CHUNK_SIZE_BYTES;
 use crate::tar::{TarError, TarIndexer};
 pub use sluice_proto::api::Appended;
 use sluice_proto::api::DatasetKind;
+use sluice_proto::mds::{MdsColumns, MdsError, MdsIndexer};
 use sluice_proto::npy::{self, NpyError};
 
 /// How a file's bytes are to be read.
@@ -40,13 +42,15 @@ pub enum IngestError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Tar(#[from] TarError),
+    #[error("{0}")]
+    Mds(#[from] MdsError),
     #[error("record index: {0}")]
     Index(String),
     #[error("the namespace is full: {needed} bytes needed, {capacity} available")]
     NoSpace { needed: u64, capacity: u64 },
 }
 
-/// How a file's bytes split into samples (`records` and `wds` datasets).
+/// How a file's bytes split into samples (`records`, `wds` and `mds` datasets).
 pub enum RecordRule {
     /// No samples: `bytes` and `tokens` datasets.
     None,
@@ -56,9 +60,12 @@ pub enum RecordRule {
     Offsets(Vec<u64>),
     /// A WebDataset tar shard, indexed as it streams.
     Tar(Box<TarIndexer>),
+    /// A Mosaic Data Shard, indexed by its header as it streams.
+    Mds(Box<MdsIndexer>),
 }
 
 /// What a finished file leaves to commit.
+#[derive(Debug)]
 pub struct Finished {
     pub appended: Appended,
     pub chunk_crcs: Vec<u32>,
@@ -174,8 +181,10 @@ impl Appender {
         if geometry.fixed_capacity && end > geometry.capacity_bytes {
             return Err(IngestError::NoSpace { needed: end, capacity: geometry.capacity_bytes });
         }
-        if let RecordRule::Tar(indexer) = &mut self.rule {
-            indexer.push(&self.pending)?;
+        match &mut self.rule {
+            RecordRule::Tar(indexer) => indexer.push(&self.pending)?,
+            RecordRule::Mds(indexer) => indexer.push(&self.pending)?,
+            RecordRule::None | RecordRule::Fixed(_) | RecordRule::Offsets(_) => {}
         }
         self.namespace.write_at(self.base_offset_bytes + dataset_offset, &self.pending)?;
         self.data_crc = crc32c::crc32c_append(self.data_crc, &self.pending);
@@ -224,6 +233,11 @@ impl Appender {
                 let entries: Vec<(u64, u64)> = spans.iter().map(|s| (start + s.offset_bytes, s.len_bytes)).collect();
                 (entries.len() as u64, entries)
             }
+            RecordRule::Mds(indexer) => {
+                let entries: Vec<(u64, u64)> =
+                    indexer.finish()?.into_iter().map(|(offset, len)| (start + offset, len)).collect();
+                (entries.len() as u64, entries)
+            }
         };
         self.namespace.sync()?;
         let appended = Appended {
@@ -233,6 +247,34 @@ impl Appender {
             records,
         };
         Ok(Finished { appended, chunk_crcs: self.chunk_crcs, index_entries })
+    }
+}
+
+/// The columns of an `mds` dataset's first shard, read back from its
+/// namespace (`None` before the first shard): every later shard must have
+/// the same, since a reader decodes every sample by them.
+pub fn first_mds_columns(
+    namespace: &dyn Namespace,
+    base_offset_bytes: u64,
+    length_bytes: u64,
+) -> Result<Option<MdsColumns>, IngestError> {
+    if length_bytes == 0 {
+        return Ok(None);
+    }
+    let mut indexer = MdsIndexer::new(None);
+    let mut at = 0;
+    loop {
+        let wanted = indexer.header_bytes_wanted()?;
+        if wanted == 0 {
+            return Ok(indexer.columns().cloned());
+        }
+        if at + wanted > length_bytes {
+            return Err(MdsError::TruncatedHeader { got: length_bytes }.into());
+        }
+        let mut header = vec![0u8; wanted as usize];
+        namespace.read_at(base_offset_bytes + at, &mut header)?;
+        indexer.push(&header)?;
+        at += wanted;
     }
 }
 
@@ -360,6 +402,44 @@ mod tests {
         let second = appender.finish().expect("finish");
         assert_eq!(second.index_entries[0].0, start);
         assert_eq!(second.index_entries[1], (start + first.index_entries[1].0, first.index_entries[1].1));
+    }
+
+    /// MDS shards appended one after another get dataset-relative spans;
+    /// every later shard must have the first one's columns, read back from
+    /// the namespace.
+    #[test]
+    fn mds_shards_keep_the_first_ones_columns() {
+        use sluice_proto::mds::write_shard;
+        let columns = MdsColumns {
+            column_names: vec!["text".into()],
+            column_encodings: vec!["str".into()],
+            column_sizes: vec![None],
+        };
+        let samples: Vec<Vec<u8>> = (0..20u32).map(|i| [&1u32.to_le_bytes()[..], &[b'a' + i as u8]].concat()).collect();
+        let shard = write_shard(&columns, &samples);
+        let ns = namespace();
+        let append = |start: u64, crcs: Vec<u32>, shard: &[u8]| {
+            let expected = first_mds_columns(ns.as_ref(), 0, start)?;
+            let rule = RecordRule::Mds(Box::new(MdsIndexer::new(expected)));
+            let mut appender =
+                Appender::new(Arc::clone(&ns), DatasetKind::Mds, IngestFormat::Raw, 0, start, crcs, rule);
+            appender.push(shard)?;
+            appender.finish()
+        };
+        let first = append(0, Vec::new(), &shard).expect("first shard");
+        assert_eq!(first.appended.records, 20);
+        assert_eq!(
+            first_mds_columns(ns.as_ref(), 0, first.appended.length_bytes).expect("read back"),
+            Some(columns.clone())
+        );
+        let start = first.appended.length_bytes;
+        let second = append(start, first.chunk_crcs.clone(), &shard).expect("second shard");
+        assert_eq!(second.index_entries[3], (start + first.index_entries[3].0, 5));
+
+        let mut other = columns;
+        other.column_encodings[0] = "bytes".into();
+        let err = append(start, first.chunk_crcs, &write_shard(&other, &samples)).expect_err("other columns");
+        assert!(matches!(err, IngestError::Mds(MdsError::Columns { .. })), "{err}");
     }
 
     /// Truncated, mistyped and overlong .npy files and partial tokens are

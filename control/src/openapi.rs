@@ -191,7 +191,7 @@ mod tests {
         assert!(schemas["GrantRequest"]["properties"]["client"]["maxLength"].is_number());
         let kind = &schemas["DatasetKind"];
         let text = kind.to_string();
-        for variant in ["bytes", "tokens:u16", "tokens:u32", "records", "wds"] {
+        for variant in ["bytes", "tokens:u16", "tokens:u32", "records", "wds", "mds"] {
             assert!(text.contains(variant), "DatasetKind lists {variant}: {text}");
         }
         assert!(doc["components"]["securitySchemes"]["mtls"]["type"] == "mutualTLS");

@@ -126,7 +126,7 @@ pub enum Command {
 pub enum DatasetCommand {
     Create {
         name: String,
-        /// bytes, tokens:u16, tokens:u32, records or wds
+        /// bytes, tokens:u16, tokens:u32, records, wds or mds
         #[arg(long)]
         kind: String,
         /// For `records`: every record has this many bytes (no index file).

@@ -1,4 +1,4 @@
-//! The sample index of `records` and `wds` datasets as stored and served:
+//! The sample index of `records`, `wds` and `mds` datasets as stored and served:
 //! one `(offset, len)` pair of little-endian u64s per sample. The node
 //! writes it beside its catalog and serves it at
 //! `/v1/datasets/{name}/index`; the client decodes it.

@@ -187,7 +187,7 @@ impl Dataset {
         Ok(buf.len())
     }
 
-    /// The `(offset, len)` of every sample of a `records` or `wds` dataset.
+    /// The `(offset, len)` of every sample of a `records`, `wds` or `mds` dataset.
     fn record_index(&self, py: Python<'_>) -> PyResult<Vec<(u64, u64)>> {
         let (runtime, dataset) = self.parts()?;
         py.allow_threads(|| runtime.block_on(dataset.record_index())).map_err(errors::client)

@@ -191,7 +191,7 @@ impl WindowLoader {
     }
 }
 
-/// Shuffled records of a `records` or `wds` dataset, one batch read per step.
+/// Shuffled records of a `records`, `wds` or `mds` dataset, one batch read per step.
 #[pyclass(module = "sluice._native")]
 pub struct RecordLoader {
     inner: ProcessLocal<Held<RecordBatch>>,
@@ -214,9 +214,9 @@ impl RecordLoader {
     ) -> PyResult<Self> {
         let (runtime, native) = dataset.parts()?;
         let kind = native.info().kind.clone();
-        if kind != "records" && kind != "wds" {
+        if !matches!(kind.as_str(), "records" | "wds" | "mds") {
             return Err(errors::WrongKind::new_err(format!(
-                "dataset {} is {kind}: records are read from records and wds datasets",
+                "dataset {} is {kind}: records are read from records, wds and mds datasets",
                 dataset.name
             )));
         }

@@ -49,8 +49,9 @@ class Node:
                 break
         assert self.endpoint, "sluiced did not announce its control API"
 
-    def ctl(self, *args: str) -> str:
-        """sluicectl as the operator (the node's own token, when it made one)."""
+    def ctl(self, *args: str, fails: bool = False) -> str:
+        """sluicectl as the operator (the node's own token, when it made one):
+        its output, or with ``fails`` its error, once it failed."""
         env = {k: v for k, v in os.environ.items() if k not in ("SLUICE_TOKEN", "SLUICE_ADMIN_TOKEN")}
         token = self.workdir / "node" / "admin.token"
         if token.exists():
@@ -58,6 +59,9 @@ class Node:
         trust = ["--ca-file", self.ca_file] if self.ca_file else []
         out = subprocess.run([_binary("sluicectl"), "--endpoint", self.endpoint, *trust, *args],
                              capture_output=True, text=True, env=env)
+        if fails:
+            assert out.returncode != 0, f"sluicectl {' '.join(args)} succeeded: {out.stdout}"
+            return out.stderr
         assert out.returncode == 0, out.stderr
         return out.stdout
 

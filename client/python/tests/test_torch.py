@@ -1,6 +1,7 @@
 """The PyTorch datasets against a real sluiced: worker and rank split, exact
 resume through torchdata's StatefulDataLoader, fork and spawn, mixtures,
-WebDataset interop, zero-copy reads, and the errors a job sees."""
+WebDataset and Mosaic (MDS) interop, zero-copy reads, and the errors a job
+sees."""
 
 import io
 import json
@@ -21,7 +22,9 @@ from conftest import need
 torch = need("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sluice.torch import MixtureDataset, RecordDataset, WdsDataset, WindowDataset, loader_position  # noqa: E402
+from sluice.torch import (  # noqa: E402
+    MdsDataset, MixtureDataset, RecordDataset, WdsDataset, WindowDataset, loader_position,
+)
 
 RECORDS = 240
 
@@ -439,6 +442,120 @@ def test_webdataset_image_decoders_decode_as_webdataset_does(node, tmp_path):
 
     with pytest.raises(ValueError, match="unknown decoder 'jpeg2000'"):
         WdsDataset(node.endpoint, "images", batch_size=4, seed=1, decode="jpeg2000")
+
+
+MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:uint16", "score": "float32", "meta": "json",
+               "blob": "bytes", "label": "str_int"}
+
+
+def write_mds(out, count, columns=MDS_COLUMNS, **options):
+    """``count`` samples written by Mosaic Streaming's own MDSWriter, in
+    shards of at most 4 KiB; their directory."""
+    streaming = need("streaming")
+    with streaming.MDSWriter(out=str(out), columns=columns, size_limit=4096, **options) as writer:
+        for i in range(count):
+            sample = {"id": i, "text": "é" * (i % 13), "tokens": np.arange(1 + i % 17, dtype=np.uint16),
+                      "score": np.float32(i / 3), "meta": {"i": i, "odd": i % 2 == 1},
+                      "blob": bytes([i % 256]) * (i % 5), "label": i * 7}
+            writer.write({key: sample.get(key, i) for key in columns})
+    return out
+
+
+def mosaic_dataset(node, name, written):
+    node.ctl("dataset", "create", name, "--kind", "mds")
+    node.ctl("dataset", "ingest", name, *map(str, sorted(written.glob("shard.*.mds"))))
+    node.ctl("dataset", "seal", name)
+
+
+def assert_read_as_streaming_reads(node, name, written, count):
+    """Every sample of ``name`` once, each column's value and type as
+    Mosaic Streaming's StreamingDataset gives it from the shards it wrote."""
+    streaming = need("streaming")
+    reference = streaming.StreamingDataset(local=str(written), shuffle=False, batch_size=1)
+    expected = {reference[i]["id"]: reference[i] for i in range(len(reference))}
+    got = {sample["id"]: sample for batch in sluice.MdsSamples(node.endpoint, name, 8, seed=1) for sample in batch}
+    assert sorted(got) == sorted(expected) == list(range(count)), "every sample once"
+    for i, want in expected.items():
+        have = got[i]
+        assert sorted(have) == sorted(want)
+        for key, value in want.items():
+            assert type(have[key]) is type(value), (i, key)
+            if isinstance(value, np.ndarray):
+                assert have[key].dtype == value.dtype and np.array_equal(have[key], value), (i, key)
+            else:
+                assert have[key] == value, (i, key)
+
+
+def test_mosaic_shards_read_back_as_streaming_reads_them(node, tmp_path, monkeypatch):
+    written = write_mds(tmp_path / "mds", 200)
+    assert len(list(written.glob("shard.*.mds"))) >= 3
+    mosaic_dataset(node, "mosaic", written)
+    assert_read_as_streaming_reads(node, "mosaic", written, 200)
+
+    # Through a DataLoader's workers, and undecoded.
+    loaded = [s for b in run(MdsDataset(node.endpoint, "mosaic", batch_size=8, seed=1), 2, "fork") for s in b]
+    assert sorted(int(sample["id"]) for sample in loaded) == list(range(200))
+    raw = next(iter(MdsDataset(node.endpoint, "mosaic", batch_size=2, seed=1, decode=False)))
+    assert all(isinstance(value, bytes) for sample in raw for value in sample.values())
+    assert int.from_bytes(raw[0]["id"], "little") < 200
+
+    # The same directory as a source (file:// here, S3 alike): the shards'
+    # headers are read at create, Mosaic's index.json beside them passed
+    # over, and samples fill from the source as they are read.
+    assert (written / "index.json").exists()
+    node.ctl("dataset", "create", "mosaic-source", "--kind", "mds", "--source", f"file://{written}/")
+    assert_read_as_streaming_reads(node, "mosaic-source", written, 200)
+
+    # Without mosaicml-streaming, sluice's own decoders give the same values
+    # for text, numbers and JSON, and name the package for arrays.
+    plain = {key: encoding for key, encoding in MDS_COLUMNS.items() if key != "tokens"}
+    written = write_mds(tmp_path / "plain", 50, columns=dict(plain, small="uint8", wide="float64", half="float16"))
+    mosaic_dataset(node, "mosaic-plain", written)
+    monkeypatch.setattr(sluice.mds, "_mosaic_decoder", lambda: None)
+    assert_read_as_streaming_reads(node, "mosaic-plain", written, 50)
+    with pytest.raises(ValueError, match=r"tokens \(ndarray:uint16\) needs mosaicml-streaming"):
+        next(iter(sluice.MdsSamples(node.endpoint, "mosaic", 8, seed=1)))
+
+
+def test_bad_mosaic_shards_are_refused_and_lose_nothing(node, records, tmp_path):
+    need("streaming")
+    good = sorted(write_mds(tmp_path / "good", 60).glob("shard.*.mds"))
+    node.ctl("dataset", "create", "mosaic-bad", "--kind", "mds")
+    node.ctl("dataset", "ingest", "mosaic-bad", str(good[0]))
+    before = json.loads(node.ctl("--json", "dataset", "stat", "mosaic-bad"))["record_count"]
+    assert before > 0
+
+    other = dict(MDS_COLUMNS, score="float64")
+    changed = sorted(write_mds(tmp_path / "other", 10, columns=other).glob("shard.*.mds"))[0]
+    err = node.ctl("dataset", "ingest", "mosaic-bad", str(changed), fails=True)
+    assert "differ from the dataset's first shard" in err and "score: float64" in err, err
+    cut = tmp_path / "cut.mds"
+    cut.write_bytes(good[1].read_bytes()[:-3])
+    err = node.ctl("dataset", "ingest", "mosaic-bad", str(cut), fails=True)
+    assert "offsets end at byte" in err, err
+    zstd = sorted(write_mds(tmp_path / "zstd", 10, compression="zstd").glob("shard.*.mds.zstd"))[0]
+    err = node.ctl("dataset", "ingest", "mosaic-bad", str(zstd), fails=True)
+    assert "decompress it first" in err, err
+    err = node.ctl("dataset", "create", "mosaic-zstd", "--kind", "mds", "--source", f"file://{zstd.parent}/",
+                   fails=True)
+    assert "not an MDS shard" in err and "decompress" in err, err
+    assert json.loads(node.ctl("--json", "dataset", "stat", "mosaic-bad"))["record_count"] == before, "nothing lost"
+
+    node.ctl("dataset", "ingest", "mosaic-bad", str(good[1]))
+    node.ctl("dataset", "seal", "mosaic-bad")
+    with pytest.raises(sluice.WrongKind, match="not mds"):
+        next(iter(MdsDataset(node.endpoint, records, batch_size=2, seed=0)))
+    with pytest.raises(sluice.WrongKind, match="mds"):
+        next(iter(WindowDataset(node.endpoint, "mosaic-bad", window=4, batch_size=2, seed=0)))
+
+    pickled = dict(MDS_COLUMNS, obj="pkl")
+    node.ctl("dataset", "create", "mosaic-pkl", "--kind", "mds")
+    node.ctl("dataset", "ingest", "mosaic-pkl", *map(str, sorted(write_mds(tmp_path / "pkl", 5, pickled).glob("*.mds"))))
+    node.ctl("dataset", "seal", "mosaic-pkl")
+    with pytest.raises(ValueError, match="allow_unsafe_types"):
+        next(iter(MdsDataset(node.endpoint, "mosaic-pkl", batch_size=1, seed=0)))
+    trusted = next(iter(MdsDataset(node.endpoint, "mosaic-pkl", batch_size=5, seed=0, allow_unsafe_types=True)))
+    assert sorted(sample["obj"] for sample in trusted) == list(range(5))
 
 
 def test_read_into_fills_caller_buffers_byte_exact(node, tokens):

@@ -98,7 +98,7 @@ pub struct Loader<B> {
 /// as one contiguous `(batch, window)` token array.
 pub type WindowLoader = Loader<TokenBatch>;
 
-/// Shuffled records of a `records` or `wds` dataset with the same keyed
+/// Shuffled records of a `records`, `wds` or `mds` dataset with the same keyed
 /// bijection, state and prefetch as the [`WindowLoader`]: one batch read
 /// per step, whatever the records' sizes.
 pub type RecordLoader = Loader<RecordBatch>;

@@ -1,4 +1,4 @@
-//! Records of a `records` or `wds` dataset: sample `s` is entry `s` of
+//! Records of a `records`, `wds` or `mds` dataset: sample `s` is entry `s` of
 //! the dataset's record index.
 
 use std::sync::Arc;

@@ -355,7 +355,7 @@ pub(super) async fn chunks(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes))
 }
 
-/// The sample index of a `records` or `wds` dataset: `(offset, len)` pairs
+/// The sample index of a `records`, `wds` or `mds` dataset: `(offset, len)` pairs
 /// of little-endian u64s.
 #[utoipa::path(get, path = "/v1/datasets/{name}/index", tag = "datasets", params(("name" = String, Path)), responses((status = 200, description = "(offset, len) little-endian u64 pairs per sample", content_type = "application/octet-stream"), (status = 404, body = ApiErrorBody)))]
 pub(super) async fn record_index(

@@ -1,6 +1,8 @@
 //! A dataset's life: create, ingest (with its record index), seal, delete.
 
 use super::*;
+use crate::ingest::first_mds_columns;
+use sluice_proto::mds::MdsIndexer;
 
 /// A dataset's sample index, to read a piece at a time.
 pub enum IndexSource {
@@ -73,7 +75,7 @@ impl ControlPlane {
         IndexFile::open(&self.index_path(record)).map_err(|e| self.ns_error(record, e))
     }
 
-    /// Where a `records` or `wds` dataset's sample index is read from, a
+    /// Where a `records`, `wds` or `mds` dataset's sample index is read from, a
     /// piece at a time.
     pub fn record_index_source(&self, name: &str) -> Result<IndexSource, ControlError> {
         let record = self.catalog.require(name)?;
@@ -102,7 +104,11 @@ impl ControlPlane {
         Ok(count)
     }
 
-    pub(super) fn record_rule(&self, record: &DatasetRecord) -> Result<RecordRule, ControlError> {
+    pub(super) fn record_rule(
+        &self,
+        record: &DatasetRecord,
+        namespace: &dyn Namespace,
+    ) -> Result<RecordRule, ControlError> {
         Ok(match (record.kind, record.record_size_bytes) {
             (DatasetKind::Records, Some(size)) => RecordRule::Fixed(size),
             (DatasetKind::Records, None) => {
@@ -119,6 +125,11 @@ impl ControlPlane {
                 })?)
             }
             (DatasetKind::Wds, _) => RecordRule::Tar(Box::default()),
+            (DatasetKind::Mds, _) => {
+                let base = record.namespace.base_offset_bytes;
+                let first = first_mds_columns(namespace, base, record.length_bytes)?;
+                RecordRule::Mds(Box::new(MdsIndexer::new(first)))
+            }
             _ => RecordRule::None,
         })
     }
@@ -199,7 +210,7 @@ impl ControlPlane {
         }
         let crcs = self.catalog.chunk_crcs(record.id)?;
         let ns = self.namespace(&record)?;
-        let rule = self.record_rule(&record)?;
+        let rule = self.record_rule(&record, ns.as_ref())?;
         let appender =
             Appender::new(ns, record.kind, format, record.namespace.base_offset_bytes, record.length_bytes, crcs, rule);
         Ok(IngestSession { control: self, _guard: guard, record, appender })

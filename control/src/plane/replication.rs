@@ -12,7 +12,7 @@
 //! A source-backed dataset is placed the same way, but its copies hold no
 //! bytes to copy: each placed node's copy is a cache of the source of its
 //! own, announced ready as soon as its namespace is made (with the sample
-//! index of a `records` or `wds` dataset, taken from a node whose copy
+//! index of a `records`, `wds` or `mds` dataset, taken from a node whose copy
 //! serves), and its chunks fill from the source on first read or warm, as
 //! on the node that created it. No node fetches a chunk from a peer.
 
@@ -112,7 +112,7 @@ impl ReplicaTarget<'_> {
         Ok(())
     }
 
-    /// Writes the sample index of a `records` or `wds` dataset.
+    /// Writes the sample index of a `records`, `wds` or `mds` dataset.
     pub fn write_index(&self, entries: &[(u64, u64)]) -> Result<(), ControlError> {
         if entries.len() as u64 != self.record.record_count {
             return Err(ControlError::Cluster(format!(
@@ -391,7 +391,7 @@ impl ControlPlane {
     }
 
     /// Makes this node's copy of a source-backed dataset: a namespace of
-    /// its length and, for a `records` or `wds` dataset, the sample index
+    /// its length and, for a `records`, `wds` or `mds` dataset, the sample index
     /// (`index`, from a node whose copy serves); then the copy is announced
     /// ready. Its chunks fill from the source on first read.
     pub fn begin_source_replica(&self, job: &ReplicaJob, index: Option<&[(u64, u64)]>) -> Result<(), ControlError> {

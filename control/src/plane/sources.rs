@@ -7,6 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use sluice_proto::api::{CacheReport, DatasetSource, SourceObject};
+use sluice_proto::mds::MdsIndexer;
 use sluice_proto::npy;
 use sluice_proto::tar::TarIndexer;
 
@@ -49,7 +50,7 @@ struct Shaped {
     objects: Vec<SourceObject>,
     length_bytes: u64,
     record_count: u64,
-    /// Index entries (`records` with offsets, `wds`), dataset-relative.
+    /// Index entries (`records` with offsets, `wds`, `mds`), dataset-relative.
     entries: Vec<(u64, u64)>,
 }
 
@@ -441,6 +442,11 @@ async fn shape(
     if kind.npy_dtypes().is_some() {
         refuse_mixed_arrays(&objects)?;
     }
+    if kind == DatasetKind::Mds {
+        // Mosaic's index.json lies beside the shards it lists; each shard's
+        // own header says what sluice needs.
+        objects.retain(|object| !object.url.ends_with("/index.json"));
+    }
     for object in &mut objects {
         if kind.npy_dtypes().is_some() && object.url.ends_with(".npy") {
             let head = sources.fetch(object, 0..object.size_bytes.min(npy::HEADER_BYTES_MAX as u64)).await?;
@@ -492,6 +498,10 @@ async fn shape(
             let entries = index_shards(sources, &objects).await?;
             (entries.len() as u64, entries)
         }
+        (DatasetKind::Mds, _) => {
+            let entries = index_mds_shards(sources, &objects).await?;
+            (entries.len() as u64, entries)
+        }
         _ => (0, Vec::new()),
     };
     if kind.has_records() && record_count == 0 {
@@ -521,6 +531,45 @@ fn refuse_mixed_arrays(objects: &[SourceObject]) -> Result<(), ControlError> {
 
 fn bad_object(object: &SourceObject, why: impl std::fmt::Display) -> ControlError {
     ControlError::Source(format!("{}: {why}", object.url))
+}
+
+/// The samples of MDS shards from their headers alone (a few ranged reads
+/// a shard, not the shard), every shard with the first one's columns.
+async fn index_mds_shards(sources: &Sources, objects: &[SourceObject]) -> Result<Vec<(u64, u64)>, ControlError> {
+    let mut entries = Vec::new();
+    let mut start = 0;
+    let mut columns = None;
+    for object in objects {
+        if !object.url.ends_with(".mds") {
+            return Err(bad_object(
+                object,
+                "not an MDS shard (.mds): an mds dataset's objects are uncompressed shards (Mosaic's index.json \
+                 beside them is passed over); decompress .mds.zstd shards first",
+            ));
+        }
+        let mut indexer = MdsIndexer::new(columns.clone());
+        let mut at = 0;
+        loop {
+            let wanted = indexer.header_bytes_wanted().map_err(|e| bad_object(object, e))?;
+            if wanted == 0 {
+                break;
+            }
+            if at + wanted > object.size_bytes {
+                return Err(bad_object(
+                    object,
+                    format!("an MDS shard of {} bytes ends inside its header", object.size_bytes),
+                ));
+            }
+            let piece = sources.fetch(object, at..at + wanted).await?;
+            indexer.push(&piece).map_err(|e| bad_object(object, e))?;
+            at += wanted;
+        }
+        columns = columns.or_else(|| indexer.columns().cloned());
+        let spans = indexer.finish_at(object.size_bytes).map_err(|e| bad_object(object, e))?;
+        entries.extend(spans.into_iter().map(|(offset, len)| (start + offset, len)));
+        start += object.data_bytes;
+    }
+    Ok(entries)
 }
 
 /// A records dataset's offsets object, checked against the data.

@@ -24,13 +24,17 @@ pub enum DatasetKind {
     /// WebDataset tar shards; the index of samples is built at ingest.
     #[serde(rename = "wds")]
     Wds,
+    /// Mosaic Data Shards (Mosaic Streaming's `MDSWriter`, uncompressed);
+    /// the index of samples is read from each shard's header at ingest.
+    #[serde(rename = "mds")]
+    Mds,
 }
 
 impl DatasetKind {
     /// Size of one element; a dataset's length is a multiple of it.
     pub fn element_size_bytes(self) -> u64 {
         match self {
-            Self::Bytes | Self::Records | Self::Wds => 1,
+            Self::Bytes | Self::Records | Self::Wds | Self::Mds => 1,
             Self::TokensU16 => 2,
             Self::TokensU32 => 4,
         }
@@ -39,7 +43,7 @@ impl DatasetKind {
     /// The `.npy` dtype descriptors this kind accepts (`None`: any).
     pub fn npy_dtypes(self) -> Option<&'static [&'static str]> {
         match self {
-            Self::Bytes | Self::Records | Self::Wds => None,
+            Self::Bytes | Self::Records | Self::Wds | Self::Mds => None,
             Self::TokensU16 => Some(&["<u2"]),
             Self::TokensU32 => Some(&["<u4"]),
         }
@@ -47,7 +51,7 @@ impl DatasetKind {
 
     /// Whether samples are records with an index rather than token windows.
     pub fn has_records(self) -> bool {
-        matches!(self, Self::Records | Self::Wds)
+        matches!(self, Self::Records | Self::Wds | Self::Mds)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +61,7 @@ impl DatasetKind {
             Self::TokensU32 => "tokens:u32",
             Self::Records => "records",
             Self::Wds => "wds",
+            Self::Mds => "mds",
         }
     }
 }
@@ -77,9 +82,10 @@ impl FromStr for DatasetKind {
             "tokens:u32" => Ok(Self::TokensU32),
             "records" => Ok(Self::Records),
             "wds" => Ok(Self::Wds),
-            other => {
-                Err(format!("unknown dataset kind {other:?} (expected bytes, tokens:u16, tokens:u32, records or wds)"))
-            }
+            "mds" => Ok(Self::Mds),
+            other => Err(format!(
+                "unknown dataset kind {other:?} (expected bytes, tokens:u16, tokens:u32, records, wds or mds)"
+            )),
         }
     }
 }
@@ -229,7 +235,7 @@ pub struct DatasetRecord {
     /// `records` of one fixed size: no index file.
     #[serde(default)]
     pub record_size_bytes: Option<u64>,
-    /// Samples committed (`records` and `wds`).
+    /// Samples committed (`records`, `wds` and `mds`).
     #[serde(default)]
     pub record_count: u64,
     /// Nodes chosen to hold a copy, the ingesting node first (a cluster
@@ -326,7 +332,7 @@ pub struct Appended {
     pub data_crc32c: u32,
     /// The dataset's length once this is committed.
     pub length_bytes: u64,
-    /// Samples the file added (`records` and `wds`).
+    /// Samples the file added (`records`, `wds` and `mds`).
     #[serde(default)]
     pub records: u64,
 }

@@ -7,10 +7,11 @@
     >>> batch = next(iter(loader))          # numpy array of shape (8, 1024)
     >>> saved = loader.state_dict()         # resume exactly with load_state_dict
 
-Without torch, ``TokenWindows``, ``Records`` and ``WdsSamples`` are the
-iterators behind ``sluice.torch``'s datasets (worker split, epochs, resume:
-see ``sluice.streams``), and ``Mixture`` mixes them in fixed shares. Failures raise ``SluiceError`` (an ``OSError``) or
-one of its kinds: ``AccessDenied``, ``UnknownDataset``, ``NodeUnavailable``,
+Without torch, ``TokenWindows``, ``Records``, ``WdsSamples`` and
+``MdsSamples`` are the iterators behind ``sluice.torch``'s datasets (worker
+split, epochs, resume: see ``sluice.streams``), and ``Mixture`` mixes them
+in fixed shares. Failures raise ``SluiceError`` (an ``OSError``) or one of
+its kinds: ``AccessDenied``, ``UnknownDataset``, ``NodeUnavailable``,
 ``WrongKind``, ``StateMismatch``, ``Forked``; a bad range ``ReadFailed``
 (a ``ValueError``).
 
@@ -41,10 +42,10 @@ SluiceError = _native.SluiceError
 StateMismatch = _native.StateMismatch
 UnknownDataset = _native.UnknownDataset
 WrongKind = _native.WrongKind
-from .streams import Mixture, Records, TokenWindows, WdsSamples, _check_seed, loader_position
+from .streams import MdsSamples, Mixture, Records, TokenWindows, WdsSamples, _check_seed, loader_position
 
 __all__ = [
-    "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "Mixture",
+    "connect", "Client", "Dataset", "WindowLoader", "TokenWindows", "Records", "WdsSamples", "MdsSamples", "Mixture",
     "loader_position",
     "SluiceError", "AccessDenied", "UnknownDataset", "NodeUnavailable", "WrongKind", "StateMismatch",
     "ReadFailed", "Forked", "RDMA_UNAVAILABLE",
@@ -105,7 +106,8 @@ class Dataset:
             return self._native.read_into_address([(int(o), int(n)) for o, n in ranges], address, nbytes)
 
     def record_index(self) -> "list[tuple[int, int]]":
-        """The ``(offset, len)`` of every sample of a records or wds dataset."""
+        """The ``(offset, len)`` of every sample of a records, wds or mds
+        dataset."""
         return self._native.record_index()
 
 

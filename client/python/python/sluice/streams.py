@@ -41,7 +41,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import wds
+from . import mds, wds
 from ._backend import native as _native
 from ._buffers import writable_address
 
@@ -384,6 +384,35 @@ class WdsSamples(Records):
 
     def _next(self, loader: Any) -> List[Dict[str, Any]]:
         return [wds.sample(span, self.decode) for span in super()._next(loader)]
+
+
+class MdsSamples(Records):
+    """Samples of an ``mds`` dataset (Mosaic Data Shards, as Mosaic
+    Streaming's ``MDSWriter`` writes them): each batch a list of dicts, one
+    entry per column, decoded as ``StreamingDataset`` decodes them (see
+    ``sluice.mds``); ``decode=False`` leaves each column's bytes, and
+    ``pkl`` columns decode only with ``allow_unsafe_types=True``."""
+
+    _kind = "mds"
+
+    def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, *, decode: bool = True,
+                 allow_unsafe_types: bool = False, **kwargs: Any):
+        super().__init__(endpoint, name, batch_size, seed, **kwargs)
+        self.decode, self.allow_unsafe_types = bool(decode), bool(allow_unsafe_types)
+        self._columns: Optional[mds.Columns] = None
+
+    def _make(self, dataset: Any) -> Any:
+        if dataset.kind != "mds":
+            raise _native.WrongKind(f"dataset {dataset.name} is {dataset.kind}, not mds")
+        columns = mds.columns_of(dataset)
+        columns.check(self.decode, self.allow_unsafe_types)
+        self._columns = columns
+        return super()._make(dataset)
+
+    def _next(self, loader: Any) -> List[Dict[str, Any]]:
+        spans = super()._next(loader)
+        assert self._columns is not None, "the columns are read where the loader is made"
+        return [self._columns.sample(span, self.decode) for span in spans]
 
 
 class Mixture:

@@ -1,5 +1,6 @@
-"""PyTorch datasets over sluice: token windows, records and WebDataset
-samples, each yielding one batch per item.
+"""PyTorch datasets over sluice: token windows, records, WebDataset and
+Mosaic (MDS) samples, and mixtures of them, each yielding one batch per
+item.
 
 Use them with ``DataLoader(ds, batch_size=None)`` (or torchdata's
 ``StatefulDataLoader``): batching, shuffling and read-ahead happen in
@@ -28,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import streams
 from .streams import loader_position
 
-__all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "MixtureDataset", "loader_position"]
+__all__ = ["WindowDataset", "RecordDataset", "WdsDataset", "MdsDataset", "MixtureDataset", "loader_position"]
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -103,8 +104,8 @@ class WindowDataset(_Torch, streams.TokenWindows):
 
 
 class RecordDataset(_Torch, streams.Records):
-    """Lists of ``batch_size`` samples, each its bytes, from a ``records``
-    or ``wds`` dataset."""
+    """Lists of ``batch_size`` samples, each its bytes, from a ``records``,
+    ``wds`` or ``mds`` dataset."""
 
     def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, rank: Optional[int] = None,
                  world_size: Optional[int] = None, **kwargs: Any):
@@ -130,6 +131,23 @@ class WdsDataset(_Torch, streams.WdsSamples):
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return streams.WdsSamples.__iter__(self)
+
+
+class MdsDataset(_Torch, streams.MdsSamples):
+    """Lists of ``batch_size`` sample dicts (one entry per column, decoded
+    as Mosaic Streaming's ``StreamingDataset`` decodes them) from an ``mds``
+    dataset; ``decode`` and ``allow_unsafe_types`` as in
+    ``sluice.MdsSamples``."""
+
+    def __init__(self, endpoint: str, name: str, batch_size: int, seed: int, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, **kwargs: Any):
+        rank, world_size = _rank_and_world(rank, world_size)
+        IterableDataset.__init__(self)
+        streams.MdsSamples.__init__(self, endpoint, name, batch_size, seed, rank=rank, world_size=world_size,
+                                    **kwargs)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return streams.MdsSamples.__iter__(self)
 
 
 class MixtureDataset(_Torch, streams.Mixture):
