@@ -2,7 +2,9 @@
 """sluice.torch next to the loaders PyTorch users reach for, on the same
 samples, in one run: Mosaic Streaming (MDS written locally), LitData
 (``litdata.optimize`` locally) and WebDataset (tar shards), each through a
-DataLoader with the same workers and batch size.
+DataLoader with the same workers and batch size; and sluice.torch again
+over the very MDS shards Mosaic reads (an ``mds`` dataset, decoded by
+Mosaic's own decoders).
 
 Two workloads: random token windows (fixed windows of ``--window`` uint16
 tokens, one sample each for the peers; sluice reads them from one token
@@ -88,11 +90,16 @@ class Node:
         self.proc.wait()
 
 
-def sluice_rows(node, kind, name, args):
+def sluice_rows(node, kind, name, args, mds=False):
+    """sluice.torch over its own token or records dataset, or (``mds``)
+    over an ``mds`` dataset of the very shards Mosaic Streaming reads,
+    decoded as it decodes them."""
     import sluice
-    from sluice.torch import RecordDataset, WindowDataset
+    from sluice.torch import MdsDataset, RecordDataset, WindowDataset
 
     def dataset():
+        if mds:
+            return MdsDataset(node.endpoint, name, batch_size=args.batch, seed=1)
         if kind == "windows":
             return WindowDataset(node.endpoint, name, window=args.window, batch_size=args.batch, seed=1,
                                  samples_per_epoch=args.windows)
@@ -184,7 +191,7 @@ def wds_rows(shards, args, decode):
     return to_first, rate, None, None
 
 
-SYSTEMS = ("sluice.torch", "Mosaic Streaming (MDS)", "LitData", "WebDataset")
+SYSTEMS = ("sluice.torch", "sluice.torch (Mosaic's MDS shards)", "Mosaic Streaming (MDS)", "LitData", "WebDataset")
 
 
 def measure(system, kind, work, args):
@@ -192,6 +199,8 @@ def measure(system, kind, work, args):
     if system == "sluice.torch":
         node = Node.attach(work)
         return sluice_rows(node, kind, "toks" if kind == "windows" else "recs", args)
+    if system == "sluice.torch (Mosaic's MDS shards)":
+        return sluice_rows(Node.attach(work), kind, f"mds-{kind}", args, mds=True)
     if system == "Mosaic Streaming (MDS)":
         return mosaic_rows(kind, work / f"mds-{kind}", args)
     if system == "LitData":
@@ -228,6 +237,9 @@ def prepare(work, args):
         with MDSWriter(out=str(work / f"mds-{kind}"), columns={"x": column}, size_limit=1 << 26) as writer:
             for sample in samples:
                 writer.write({"x": sample})
+        node.ctl("dataset", "create", f"mds-{kind}", "--kind", "mds")
+        node.ctl("dataset", "ingest", f"mds-{kind}", *map(str, sorted((work / f"mds-{kind}").glob("shard.*.mds"))))
+        node.ctl("dataset", "seal", f"mds-{kind}")
 
     import litdata
 
@@ -301,7 +313,7 @@ def main():
         print(f"| {kind} | {system} | {rate:,.0f} | {to_first:.2f} | {resume_s} | {state_s} |")
     for kind in ("windows", "records"):
         ours = [r[2][1] for r in rows if r[0] == kind and r[1] == "sluice.torch" and r[2]]
-        peers = [r[2][1] for r in rows if r[0] == kind and r[1] != "sluice.torch" and r[2]]
+        peers = [r[2][1] for r in rows if r[0] == kind and not r[1].startswith("sluice") and r[2]]
         if ours and peers:
             print(f"\n{kind}: sluice / best peer samples/s = {ours[0] / max(peers):.2f}")
 

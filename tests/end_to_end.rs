@@ -113,30 +113,45 @@ fn datasets_survive_restart() {
     assert_eq!(files, 1, "the deleted dataset's namespace file is released");
 }
 
-/// Token datasets take raw `.bin` and `.npy` files of the right dtype.
+/// Token datasets take raw `.bin` and `.npy` files of the right dtype, and
+/// either compressed with zstd (named `.zst` or `.zstd`: sluicectl
+/// decompresses them as it sends them, and its checksum is of the bytes the
+/// node stores).
 #[test]
 fn token_files_ingest_raw_and_npy() {
     let dir = tempfile::tempdir().expect("tempdir");
     let node = NodeProcess::start(&dir.path().join("node"));
     let tokens: Vec<u8> = (0..100_000u32).flat_map(|t| t.to_le_bytes()).collect();
-    std::fs::write(dir.path().join("a.bin"), &tokens).expect("write");
     let mut npy_file = sluice_proto::npy::encode_header("<u4", 100_000);
     npy_file.extend_from_slice(&tokens);
-    std::fs::write(dir.path().join("b.npy"), &npy_file).expect("write");
+    let files = [
+        ("a.bin", tokens.clone()),
+        ("b.npy", npy_file.clone()),
+        ("c.npy.zst", zstd::encode_all(npy_file.as_slice(), 3).expect("compress")),
+        ("d.bin.zstd", zstd::encode_all(tokens.as_slice(), 3).expect("compress")),
+    ];
+    let mut paths = Vec::new();
+    for (name, bytes) in &files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).expect("write");
+        paths.push(path.to_str().expect("utf-8 path").to_string());
+    }
     node.ctl_ok(&["dataset", "create", "toks", "--kind", "tokens:u32"]);
-    let a = dir.path().join("a.bin");
-    let b = dir.path().join("b.npy");
-    node.ctl_ok(&["dataset", "ingest", "toks", a.to_str().expect("p"), b.to_str().expect("p")]);
+    let mut ingest = vec!["dataset", "ingest", "toks"];
+    ingest.extend(paths.iter().map(String::as_str));
+    node.ctl_ok(&ingest);
     node.ctl_ok(&["dataset", "seal", "toks"]);
     let stat: serde_json::Value =
         serde_json::from_str(&node.ctl_ok(&["dataset", "stat", "toks", "--json"])).expect("json");
-    assert_eq!(stat["length_bytes"], 800_000);
+    assert_eq!(stat["length_bytes"], 1_600_000, "four files of 100 000 tokens");
     assert_eq!(stat["kind"], "tokens:u32");
     let client = Client::connect(&node.endpoint).expect("connect");
     let dataset = client.open("toks").expect("open");
-    let mut buf = vec![0u8; 8];
-    dataset
-        .read_batch(&[ReadRange { offset: 399_996, len: 8, dest: 0 }], &mut buf)
-        .expect("read across the file boundary");
-    assert_eq!(buf, [0x9f, 0x86, 0x01, 0x00, 0, 0, 0, 0], "token 99999 then token 0");
+    for boundary in [400_000, 800_000, 1_200_000] {
+        let mut buf = vec![0u8; 8];
+        dataset
+            .read_batch(&[ReadRange { offset: boundary - 4, len: 8, dest: 0 }], &mut buf)
+            .expect("read across a file boundary");
+        assert_eq!(buf, [0x9f, 0x86, 0x01, 0x00, 0, 0, 0, 0], "token 99999 then token 0, at {boundary}");
+    }
 }

@@ -169,7 +169,9 @@ pub enum DatasetCommand {
     Unpin {
         name: String,
     },
-    /// Append files (raw, .npy arrays, or tar shards for wds) in order.
+    /// Append files (raw, .npy arrays, tar shards for wds, MDS shards for
+    /// mds) in order; a file named .zst or .zstd is decompressed as it is
+    /// sent.
     Ingest {
         name: String,
         #[arg(required = true)]

@@ -11,8 +11,9 @@
 //! columns of the dataset's first shard, which every later shard must
 //! repeat. A sample is one read, as a WebDataset sample is.
 //!
-//! Compressed shards (`.mds.zstd` and the like) are refused with a word on
-//! how to decompress them: a sample of a compressed shard is no byte range.
+//! Compressed bytes are refused with a word on how to decompress them: a
+//! sample of a compressed shard is no byte range. (`sluicectl` decompresses
+//! a `.mds.zstd` shard as it sends it.)
 
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +27,10 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MdsError {
-    #[error("a zstd-compressed MDS shard: decompress it first (zstd -d shard.NNNNN.mds.zstd)")]
+    #[error(
+        "a zstd-compressed MDS shard: decompress it first (sluicectl decompresses a file named .zst or .zstd as \
+         it sends it)"
+    )]
     Compressed,
     #[error("MDS shard header: {0}")]
     Header(String),

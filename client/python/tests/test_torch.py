@@ -499,6 +499,14 @@ def test_mosaic_shards_read_back_as_streaming_reads_them(node, tmp_path, monkeyp
     assert all(isinstance(value, bytes) for sample in raw for value in sample.values())
     assert int.from_bytes(raw[0]["id"], "little") < 200
 
+    # Shards Mosaic compressed (shard.NNNNN.mds.zstd) are decompressed as
+    # sluicectl sends them.
+    packed = write_mds(tmp_path / "packed", 100, compression="zstd")
+    node.ctl("dataset", "create", "mosaic-zstd", "--kind", "mds")
+    node.ctl("dataset", "ingest", "mosaic-zstd", *map(str, sorted(packed.glob("shard.*.mds.zstd"))))
+    node.ctl("dataset", "seal", "mosaic-zstd")
+    assert_read_as_streaming_reads(node, "mosaic-zstd", packed, 100)
+
     # The same directory as a source (file:// here, S3 alike): the shards'
     # headers are read at create, Mosaic's index.json beside them passed
     # over, and samples fill from the source as they are read.
@@ -534,9 +542,11 @@ def test_bad_mosaic_shards_are_refused_and_lose_nothing(node, records, tmp_path)
     err = node.ctl("dataset", "ingest", "mosaic-bad", str(cut), fails=True)
     assert "offsets end at byte" in err, err
     zstd = sorted(write_mds(tmp_path / "zstd", 10, compression="zstd").glob("shard.*.mds.zstd"))[0]
-    err = node.ctl("dataset", "ingest", "mosaic-bad", str(zstd), fails=True)
-    assert "decompress it first" in err, err
-    err = node.ctl("dataset", "create", "mosaic-zstd", "--kind", "mds", "--source", f"file://{zstd.parent}/",
+    disguised = tmp_path / "compressed.mds"
+    disguised.write_bytes(zstd.read_bytes())
+    err = node.ctl("dataset", "ingest", "mosaic-bad", str(disguised), fails=True)
+    assert "zstd-compressed" in err and "decompress it first" in err, err
+    err = node.ctl("dataset", "create", "mosaic-packed", "--kind", "mds", "--source", f"file://{zstd.parent}/",
                    fails=True)
     assert "not an MDS shard" in err and "decompress" in err, err
     assert json.loads(node.ctl("--json", "dataset", "stat", "mosaic-bad"))["record_count"] == before, "nothing lost"

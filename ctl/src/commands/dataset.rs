@@ -241,6 +241,23 @@ fn stage_index(api: &Api, name: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether `path` is zstd-compressed by its name (`.zst`, `.zstd`): such a
+/// file is decompressed as it is sent (a Mosaic shard written with
+/// `compression="zstd"` is `shard.NNNNN.mds.zstd`).
+fn zstd_compressed(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("zst") || e.eq_ignore_ascii_case("zstd"))
+}
+
+/// `path`'s bytes as the node is to have them: decompressed when its name
+/// says zstd.
+fn decoded<R: Read + Send + 'static>(path: &Path, read: R) -> Result<Box<dyn Read + Send>> {
+    if zstd_compressed(path) {
+        Ok(Box::new(zstd::stream::read::Decoder::new(read).map_err(local(path))?))
+    } else {
+        Ok(Box::new(read))
+    }
+}
+
 /// Streams one file to the node, then compares the node's CRC32C of the
 /// data with the one computed here while sending.
 fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -> Result<Appended> {
@@ -249,11 +266,15 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
     let npy = match format {
         Format::Npy => true,
         Format::Raw => false,
-        Format::Auto => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy")),
+        Format::Auto => {
+            let unpacked = if zstd_compressed(path) { path.file_stem().map(Path::new) } else { Some(path) };
+            unpacked.and_then(Path::extension).is_some_and(|e| e.eq_ignore_ascii_case("npy"))
+        }
     };
     let data_offset = if npy {
-        let mut head = vec![0u8; (size as usize).min(npy::HEADER_BYTES_MAX)];
-        File::open(path).and_then(|mut f| f.read_exact(&mut head)).map_err(local(path))?;
+        let mut head = Vec::with_capacity(npy::HEADER_BYTES_MAX);
+        let opened = File::open(path).map_err(local(path))?;
+        decoded(path, opened)?.take(npy::HEADER_BYTES_MAX as u64).read_to_end(&mut head).map_err(local(path))?;
         npy::parse_header(&head).map(|h| h.data_offset_bytes as u64).map_err(local(path))?
     } else {
         0
@@ -265,7 +286,8 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
             .progress_chars("=> "),
     );
     progress.set_message(path.display().to_string());
-    let reader = CrcReader { inner: progress.wrap_read(file), skip: data_offset, crc: 0 };
+    // The bar counts the file's own bytes, compressed or not.
+    let reader = CrcReader { inner: decoded(path, progress.wrap_read(file))?, skip: data_offset, crc: 0 };
     let crc = Arc::new(std::sync::Mutex::new(0u32));
     let reader = SharedCrc { reader, out: Arc::clone(&crc) };
     let request = api
