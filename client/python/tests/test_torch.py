@@ -444,8 +444,11 @@ def test_webdataset_image_decoders_decode_as_webdataset_does(node, tmp_path):
         WdsDataset(node.endpoint, "images", batch_size=4, seed=1, decode="jpeg2000")
 
 
-MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:uint16", "score": "float32", "meta": "json",
-               "blob": "bytes", "label": "str_int"}
+# Every encoding sluice decodes itself, arrays in three of their four forms
+# (dtype and shape fixed, dtype fixed, neither).
+MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:uint16", "grid": "ndarray",
+               "static": "ndarray:float32:2,3", "score": "float32", "small": "uint8", "wide": "float64",
+               "half": "float16", "meta": "json", "blob": "bytes", "label": "str_int", "ratio": "str_float"}
 
 
 def write_mds(out, count, columns=MDS_COLUMNS, **options):
@@ -454,9 +457,14 @@ def write_mds(out, count, columns=MDS_COLUMNS, **options):
     streaming = need("streaming")
     with streaming.MDSWriter(out=str(out), columns=columns, size_limit=4096, **options) as writer:
         for i in range(count):
-            sample = {"id": i, "text": "é" * (i % 13), "tokens": np.arange(1 + i % 17, dtype=np.uint16),
-                      "score": np.float32(i / 3), "meta": {"i": i, "odd": i % 2 == 1},
-                      "blob": bytes([i % 256]) * (i % 5), "label": i * 7}
+            sample = {"id": i, "text": "é" * (i % 13), "tokens": np.arange(1 + i % 17 * 37, dtype=np.uint16),
+                      "grid": np.arange(2 * (1 + i % 4), dtype=np.int32).reshape(2, -1),
+                      "static": np.full((2, 3), i / 7, dtype=np.float32), "score": np.float32(i / 3),
+                      "wide": i / 9, "half": i / 5, "meta": {"i": i, "odd": i % 2 == 1},
+                      "blob": bytes([i % 256]) * (i % 5), "label": i * 7, "ratio": i / 11}
+            if "picture" in columns:
+                image = need("PIL.Image")
+                sample["picture"] = image.fromarray(np.full((3 + i % 3, 5, 3), i % 256, dtype=np.uint8))
             writer.write({key: sample.get(key, i) for key in columns})
     return out
 
@@ -514,15 +522,17 @@ def test_mosaic_shards_read_back_as_streaming_reads_them(node, tmp_path, monkeyp
     node.ctl("dataset", "create", "mosaic-source", "--kind", "mds", "--source", f"file://{written}/")
     assert_read_as_streaming_reads(node, "mosaic-source", written, 200)
 
-    # Without mosaicml-streaming, sluice's own decoders give the same values
-    # for text, numbers and JSON, and name the package for arrays.
-    plain = {key: encoding for key, encoding in MDS_COLUMNS.items() if key != "tokens"}
-    written = write_mds(tmp_path / "plain", 50, columns=dict(plain, small="uint8", wide="float64", half="float16"))
-    mosaic_dataset(node, "mosaic-plain", written)
+    # sluice decodes every column above itself: without mosaicml-streaming
+    # the values are the same. Images are Mosaic's to decode: with it,
+    # values as StreamingDataset's; without, an error that names it.
     monkeypatch.setattr(sluice.mds, "_mosaic_decoder", lambda: None)
-    assert_read_as_streaming_reads(node, "mosaic-plain", written, 50)
-    with pytest.raises(ValueError, match=r"tokens \(ndarray:uint16\) needs mosaicml-streaming"):
-        next(iter(sluice.MdsSamples(node.endpoint, "mosaic", 8, seed=1)))
+    assert_read_as_streaming_reads(node, "mosaic", written, 200)
+    pictures = write_mds(tmp_path / "pictures", 20, columns={"id": "int", "picture": "png"})
+    mosaic_dataset(node, "mosaic-pictures", pictures)
+    with pytest.raises(ValueError, match=r"picture \(png\) needs mosaicml-streaming"):
+        next(iter(sluice.MdsSamples(node.endpoint, "mosaic-pictures", 8, seed=1)))
+    monkeypatch.undo()
+    assert_read_as_streaming_reads(node, "mosaic-pictures", pictures, 20)
 
 
 def test_bad_mosaic_shards_are_refused_and_lose_nothing(node, records, tmp_path):
