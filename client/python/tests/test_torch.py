@@ -29,21 +29,27 @@ from sluice.torch import (  # noqa: E402
 RECORDS = 240
 
 
+def records_dataset(node, work, name, samples):
+    """A sealed records dataset ``name`` of ``samples``, ingested with
+    their offsets."""
+    data, offsets = bytearray(), [0]
+    for sample in samples:
+        data += sample
+        offsets.append(len(data))
+    (work / f"{name}.bin").write_bytes(bytes(data))
+    (work / f"{name}.idx").write_bytes(np.array(offsets, dtype="<u8").tobytes())
+    node.ctl("dataset", "create", name, "--kind", "records")
+    node.ctl("dataset", "ingest", name, str(work / f"{name}.bin"), "--index", str(work / f"{name}.idx"))
+    node.ctl("dataset", "seal", name)
+    return name
+
+
 @pytest.fixture(scope="module")
 def records(node, tmp_path_factory):
     """A records dataset whose record ``i`` starts with ``i`` (8 bytes LE)
     and runs to ``i % 50`` bytes more."""
-    work = tmp_path_factory.mktemp("records")
-    data, offsets = bytearray(), [0]
-    for i in range(RECORDS):
-        data += i.to_bytes(8, "little") + bytes([i % 251]) * (i % 50)
-        offsets.append(len(data))
-    (work / "recs.bin").write_bytes(bytes(data))
-    (work / "recs.idx").write_bytes(np.array(offsets, dtype="<u8").tobytes())
-    node.ctl("dataset", "create", "recs", "--kind", "records")
-    node.ctl("dataset", "ingest", "recs", str(work / "recs.bin"), "--index", str(work / "recs.idx"))
-    node.ctl("dataset", "seal", "recs")
-    return "recs"
+    samples = (i.to_bytes(8, "little") + bytes([i % 251]) * (i % 50) for i in range(RECORDS))
+    return records_dataset(node, tmp_path_factory.mktemp("records"), "recs", samples)
 
 
 def numbers(batch):
@@ -59,6 +65,29 @@ def run(ds, num_workers, context=None, steps=None):
         if steps is not None and len(out) == steps:
             break
     return out
+
+
+def saved_after(make, k, uninterrupted):
+    """The state of a StatefulDataLoader over ``make()`` with two forked
+    workers after ``k`` batches, which must be ``uninterrupted``'s first;
+    a new loader given that state (the DataLoader's own protocol, the same
+    worker count) must read the rest."""
+    need("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    taken = []
+    for batch in first:
+        taken.append(numbers(batch))
+        if len(taken) == k:
+            saved = first.state_dict()
+            break
+    assert taken == uninterrupted[:k]
+    del first
+    again = StatefulDataLoader(make(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    again.load_state_dict(saved)
+    assert [numbers(b) for b in again] == uninterrupted[k:]
+    return saved
 
 
 @pytest.mark.parametrize(("num_workers", "context"), [(0, None), (2, "fork"), (3, "fork"), (2, "spawn"), (3, "spawn")])
@@ -140,29 +169,13 @@ def test_token_windows_come_out_in_the_same_order_at_any_worker_count(node, toke
 
 
 def test_state_survives_a_resume_with_other_workers_and_world_size(node, records):
-    need("torchdata")
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     def dataset(rank=0, world=1):
         return RecordDataset(node.endpoint, records, batch_size=8, seed=5, rank=rank, world_size=world)
 
     uninterrupted = [numbers(b) for b in run(dataset(), 0)]
     assert len(uninterrupted) == RECORDS // 8
     k = 7
-    first = StatefulDataLoader(dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork")
-    taken = []
-    for batch in first:
-        taken.append(numbers(batch))
-        if len(taken) == k:
-            saved = first.state_dict()
-            break
-    assert taken == uninterrupted[:k]
-    del first
-
-    # The same worker count, through the DataLoader's own protocol.
-    again = StatefulDataLoader(dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork")
-    again.load_state_dict(saved)
-    assert [numbers(b) for b in again] == uninterrupted[k:]
+    saved = saved_after(dataset, k, uninterrupted)
 
     # Another worker count and world size: the merged position.
     position = loader_position(saved)
@@ -194,23 +207,11 @@ SMALL_FIRST = 10_000
 def small_records(node, tmp_path_factory):
     """A second records dataset, a quarter the size: record ``i`` starts
     with ``SMALL_FIRST + i``."""
-    work = tmp_path_factory.mktemp("small")
-    data, offsets = bytearray(), [0]
-    for i in range(SMALL):
-        data += (SMALL_FIRST + i).to_bytes(8, "little") + b"s" * (i % 7)
-        offsets.append(len(data))
-    (work / "small.bin").write_bytes(bytes(data))
-    (work / "small.idx").write_bytes(np.array(offsets, dtype="<u8").tobytes())
-    node.ctl("dataset", "create", "small", "--kind", "records")
-    node.ctl("dataset", "ingest", "small", str(work / "small.bin"), "--index", str(work / "small.idx"))
-    node.ctl("dataset", "seal", "small")
-    return "small"
+    samples = ((SMALL_FIRST + i).to_bytes(8, "little") + b"s" * (i % 7) for i in range(SMALL))
+    return records_dataset(node, tmp_path_factory.mktemp("small"), "small", samples)
 
 
 def test_a_mixture_holds_each_share_in_every_batch_and_resumes_anywhere(node, records, small_records):
-    need("torchdata")
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     def mixture(rank=0, world=1):
         big = RecordDataset(node.endpoint, records, batch_size=6, seed=3, rank=rank, world_size=world)
         small = RecordDataset(node.endpoint, small_records, batch_size=2, seed=4, rank=rank, world_size=world)
@@ -236,18 +237,7 @@ def test_a_mixture_holds_each_share_in_every_batch_and_resumes_anywhere(node, re
     # Saved after 7 steps by two workers, resumed by the same DataLoader,
     # then by three workers on each of two ranks from the merged position.
     k = 7
-    first = StatefulDataLoader(mixture(), batch_size=None, num_workers=2, multiprocessing_context="fork")
-    taken = []
-    for batch in first:
-        taken.append(numbers(batch))
-        if len(taken) == k:
-            saved = first.state_dict()
-            break
-    assert taken == uninterrupted[:k]
-    del first
-    again = StatefulDataLoader(mixture(), batch_size=None, num_workers=2, multiprocessing_context="fork")
-    again.load_state_dict(saved)
-    assert [numbers(b) for b in again] == uninterrupted[k:]
+    saved = saved_after(mixture, k, uninterrupted)
     position = loader_position(saved)
     assert len(json.dumps(position)) < 2048 and json.loads(json.dumps(position)) == position
     ranks = []

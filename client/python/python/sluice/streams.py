@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -185,21 +185,9 @@ class _Stream:
         worker, workers = self._worker()
         step = self._first_step(worker, workers)
         _, end = self._epoch_steps(self.epoch)
-        self._next_step = step
         if step < end:
             loader.set_schedule(step, workers, end)
-        while step < end:
-            batch = self._next(loader)
-            step += workers
-            self._next_step = step
-            yield batch
-        self._resume = None
-        self._next_step = None
-        # The copy that read the epoch reads the next one next: the dataset
-        # itself without workers, and a persistent worker's copy, which the
-        # main process's ``set_epoch`` never reaches. Other workers' copies
-        # end with their epoch.
-        self.epoch += 1
+        yield from _epoch(self, step, end, workers, lambda: self._next(loader))
 
     def _next(self, loader: Any) -> Any:
         raise NotImplementedError
@@ -235,6 +223,25 @@ class _Stream:
             # connected; otherwise where the reading happens.
             self._native.load_state_json(json.dumps(state["sampler"]))
             self._sampler = dict(state["sampler"], next_sample=0, epoch=0)
+
+
+def _epoch(owner: Any, step: int, end: int, workers: int, read: Callable[[], Any]) -> Iterator[Any]:
+    """One worker's steps of an epoch, ``step, step + workers, ...`` below
+    ``end``, each ``read()``; ``owner._next_step`` (what ``state_dict``
+    names) is kept current. At the end the owner's loaded state is spent and
+    its epoch advanced: the copy that read the epoch reads the next one
+    next (the dataset itself without workers, and a persistent worker's
+    copy, which the main process's ``set_epoch`` never reaches; other
+    workers' copies end with their epoch)."""
+    owner._next_step = step
+    while step < end:
+        batch = read()
+        step += workers
+        owner._next_step = step
+        yield batch
+    owner._resume = None
+    owner._next_step = None
+    owner.epoch += 1
 
 
 def _check_state(state: Any, kind: str) -> None:
@@ -504,18 +511,10 @@ class Mixture:
         worker, workers = self._worker()
         step = self._first_step(worker, workers)
         end = (self.epoch + 1) * self.steps_per_epoch()
-        self._next_step = step
         if step < end:
             for loader in loaders:
                 loader.set_schedule(step, workers, end)
-        while step < end:
-            batch = self._next(loaders)
-            step += workers
-            self._next_step = step
-            yield batch
-        self._resume = None
-        self._next_step = None
-        self.epoch += 1
+        yield from _epoch(self, step, end, workers, lambda: self._next(loaders))
 
     def _next(self, loaders: List[Any]) -> Any:
         first = self.streams[0]
