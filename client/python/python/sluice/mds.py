@@ -82,7 +82,10 @@ def _own_decoder(encoding: str) -> Optional[Callable[[bytes], Any]]:
     if encoding in _OWN:
         return _OWN[encoding]
     if encoding == "ndarray" or encoding.startswith("ndarray:"):
-        return _array_decoder(encoding)
+        try:
+            return _array_decoder(encoding)
+        except (KeyError, ValueError):
+            return None  # not an encoding sluice reads: Mosaic's decoder says what is wrong
     return None
 
 
