@@ -57,7 +57,38 @@ def _check_seed(seed: int) -> None:
         raise ValueError(f"seed {seed} is outside [0, 2**64)")
 
 
-class _Stream:
+class _Epochs:
+    """What a dataset and a mixture share: the epoch the next iteration
+    reads, a loaded state to resume, the next step of this process, and
+    the worker it runs in."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self._resume: Optional[Dict[str, Any]] = None
+        self._next_step: Optional[int] = None
+
+    def _worker(self) -> Tuple[int, int]:
+        """``(worker, workers)`` of this process; ``(0, 1)`` outside one."""
+        return 0, 1
+
+    def steps_per_epoch(self) -> int:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """The current epoch's steps: the batches an iteration yields, so
+        ``len(DataLoader(ds, batch_size=None))`` works (progress bars,
+        learning-rate schedules). Asks the node, connecting if need be."""
+        return self.steps_per_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (from its start, unless a
+        loaded state is inside it)."""
+        self.epoch = int(epoch)
+        if self._resume is not None and self._resume["epoch"] != self.epoch:
+            self._resume = None
+
+
+class _Stream(_Epochs):
     """What the three datasets share: connection, schedule, epoch, state.
 
     Besides the dataset's ``endpoint`` and ``name``, the per-rank
@@ -105,9 +136,7 @@ class _Stream:
         self.samples_per_epoch = samples_per_epoch
         self._token, self._transport, self._verify = token, transport, verify_chunks
         self._tls = (ca_file, cert_file, key_file)
-        self.epoch = 0
-        self._resume: Optional[Dict[str, Any]] = None
-        self._next_step: Optional[int] = None
+        _Epochs.__init__(self)
         self._native: Any = None
         self._pid: Optional[int] = None
         self._sampler: Dict[str, Any] = {}
@@ -118,10 +147,6 @@ class _Stream:
         state = self.__dict__.copy()
         state["_native"], state["_pid"] = None, None
         return state
-
-    def _worker(self) -> Tuple[int, int]:
-        """``(worker, workers)`` of this process; ``(0, 1)`` outside one."""
-        return 0, 1
 
     def _loader(self) -> Any:
         """The native loader of this process, connecting on first use here."""
@@ -159,19 +184,6 @@ class _Stream:
         self._loader()
         first, end = self._epoch_steps(self.epoch)
         return end - first
-
-    def __len__(self) -> int:
-        """The current epoch's steps: the batches an iteration yields, so
-        ``len(DataLoader(ds, batch_size=None))`` works (progress bars,
-        learning-rate schedules). Asks the node, connecting if need be."""
-        return self.steps_per_epoch()
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration reads (from its start, unless a
-        loaded state is inside it)."""
-        self.epoch = int(epoch)
-        if self._resume is not None and self._resume["epoch"] != self.epoch:
-            self._resume = None
 
     def _first_step(self, worker: int, workers: int) -> int:
         first, _ = self._epoch_steps(self.epoch)
@@ -422,7 +434,7 @@ class MdsSamples(Records):
         return [self._columns.sample(span, self.decode) for span in spans]
 
 
-class Mixture:
+class Mixture(_Epochs):
     """Batches that mix datasets in fixed shares: each step's batch holds
     each stream's batch of that step, in the order the streams are given,
     so the streams' ``batch_size``s are the mixture's proportions (6 and 2:
@@ -468,35 +480,28 @@ class Mixture:
                 raise ValueError("a mixture's token windows have one window length and one as_int64")
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError("steps_per_epoch is at least 1")
+        _Epochs.__init__(self)
         self.streams = streams
-        self.rank, self.world_size = streams[0].rank, streams[0].world_size
         self._steps_per_epoch = steps_per_epoch
-        self.epoch = 0
-        self._resume: Optional[Dict[str, Any]] = None
-        self._next_step: Optional[int] = None
         self.last_starts: List[int] = []
 
-    def _worker(self) -> Tuple[int, int]:
-        """``(worker, workers)`` of this process; ``(0, 1)`` outside one."""
-        return 0, 1
+    @property
+    def rank(self) -> int:
+        return self.streams[0].rank
+
+    @property
+    def world_size(self) -> int:
+        return self.streams[0].world_size
 
     def steps_per_epoch(self) -> int:
         """Steps (batches per rank) in an epoch. The default asks the
         nodes, connecting if need be."""
         if self._steps_per_epoch is not None:
             return self._steps_per_epoch
-        samples = sum(int(stream._sampler_at(0)["samples_per_epoch"]) for stream in self.streams)
+        for stream in self.streams:
+            stream._loader()
+        samples = sum(int(stream._sampler["samples_per_epoch"]) for stream in self.streams)
         return -(-samples // sum(stream._global_batch() for stream in self.streams))
-
-    def __len__(self) -> int:
-        """An epoch's steps, as for one stream."""
-        return self.steps_per_epoch()
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration reads, as for one stream."""
-        self.epoch = int(epoch)
-        if self._resume is not None and self._resume["epoch"] != self.epoch:
-            self._resume = None
 
     def _first_step(self, worker: int, workers: int) -> int:
         if self._resume is None:
