@@ -10,7 +10,17 @@ export DEBIAN_FRONTEND=noninteractive
 
 # Each step prints when it began, so a slow run says where its time went.
 STARTED=$SECONDS
-step() { echo "== $* [at $(((SECONDS - STARTED) / 60))m$(((SECONDS - STARTED) % 60))s]"; }
+# And the disk left, since a full disk fails a step far from its cause (the
+# linker dies with a bus error).
+step() {
+    echo "== $* [at $(((SECONDS - STARTED) / 60))m$(((SECONDS - STARTED) % 60))s," \
+        "$(df -h --output=avail . | tail -n 1 | tr -d ' ') free]"
+}
+# Disk is the scarce thing on a fresh machine, so nothing is written twice:
+# a run builds from nothing, so cargo's incremental state (3 GB under
+# target/debug) would never be reused, and each wheel is installed once, so
+# pip's cache would only hold a second copy of torch and its CUDA libraries.
+export CARGO_INCREMENTAL=0 PIP_NO_CACHE_DIR=1
 # Background jobs (the Python environments) end with this script, however
 # it ends.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
@@ -40,6 +50,8 @@ $SUDO apt-get install -y -q --no-install-recommends \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
     nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server etcd-client openssl mount e2fsprogs
+# The downloaded packages are installed; their copies only take disk.
+$SUDO apt-get clean
 
 step "Python environments (in the background)"
 # Their downloads, torch's 3 GB among them, wait on the network while the
