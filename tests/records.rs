@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::NodeProcess;
-use sluice_client::loader::{replay_step, LoaderError, RecordLoader, RecordLoaderConfig, StepSchedule};
+use sluice_client::loader::{replay_step, LoaderError, RecordLoader, RecordLoaderConfig, RecordMixture, StepSchedule};
 use sluice_client::Client;
 
 fn config(global_batch: u64) -> RecordLoaderConfig {
@@ -151,6 +151,114 @@ async fn fixed_size_records() {
     for (i, &r) in batch.records.iter().enumerate() {
         assert_eq!(batch.sample(i), vec![r as u8; 100].as_slice());
     }
+}
+
+/// Record `r` of a mixture test's dataset `tag`: `size` bytes that differ
+/// from every other record's of either dataset.
+fn mixed_record(tag: u8, r: u32, size: usize) -> Vec<u8> {
+    let r = r.to_le_bytes();
+    (0..size).map(|b| if b < 4 { r[b] } else { tag ^ (b as u8) }).collect()
+}
+
+/// Two datasets mixed 6 + 2 records a step: every step holds both shares,
+/// each equal to its dataset read alone, across the small dataset's epoch
+/// boundary; the state resumes the mixture exactly; a worker schedule reads
+/// the same steps; what cannot be mixed is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixture_holds_each_share_in_every_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start(&dir.path().join("node"));
+    let client = Client::connect(&node.endpoint).await.expect("connect");
+    // web: 240 records, one epoch in 40 steps of 6; code: 60, 30 steps of 2.
+    let kinds = [("web", 1u8, 240u32, 100usize), ("code", 2, 60, 40)];
+    let mut sources = Vec::new();
+    for (name, tag, records, size) in kinds {
+        node.ctl_ok(&["dataset", "create", name, "--kind", "records", "--record-size", &size.to_string()]);
+        let data: Vec<u8> = (0..records).flat_map(|r| mixed_record(tag, r, size)).collect();
+        let path = dir.path().join(format!("{name}.bin"));
+        std::fs::write(&path, &data).expect("write");
+        node.ctl_ok(&["dataset", "ingest", name, path.to_str().expect("p")]);
+        node.ctl_ok(&["dataset", "seal", name]);
+        let dataset = Arc::new(client.open(name).await.expect("open"));
+        let index: Arc<[(u64, u64)]> = dataset.record_index().await.expect("index").into();
+        sources.push((dataset, index));
+    }
+    let loaders = |configs: [RecordLoaderConfig; 2]| -> Vec<RecordLoader> {
+        sources
+            .iter()
+            .zip(configs)
+            .map(|((dataset, index), config)| {
+                RecordLoader::new(Arc::clone(dataset), Arc::clone(index), &config).expect("loader")
+            })
+            .collect()
+    };
+    let shares = || [config(6), config(2)];
+    // Each dataset read alone: `alone[step][dataset]`, the records of 40 steps.
+    let mut alone: Vec<[Vec<u64>; 2]> = vec![Default::default(); 40];
+    for (d, mut loader) in loaders(shares()).into_iter().enumerate() {
+        for step in &mut alone {
+            step[d] = loader.next_batch().await.expect("batch").records;
+        }
+    }
+
+    let mut mixture = RecordMixture::new(loaders(shares())).expect("mixture");
+    let mut saved = None;
+    for (step, expected) in alone.iter().enumerate() {
+        if step == 7 {
+            saved = Some(mixture.state());
+        }
+        let batches = mixture.next_batch().await.expect("batches");
+        assert_eq!(batches.len(), 2, "a batch per dataset");
+        for (d, batch) in batches.iter().enumerate() {
+            let (_, tag, _, size) = kinds[d];
+            assert_eq!((batch.step, &batch.records), (step as u64, &expected[d]), "dataset {d}, step {step}");
+            for (i, &r) in batch.records.iter().enumerate() {
+                assert_eq!(batch.sample(i), mixed_record(tag, r as u32, size).as_slice(), "dataset {d}, record {r}");
+            }
+        }
+    }
+    let epochs: Vec<u64> = mixture.state().iter().map(|s| s.epoch).collect();
+    assert_eq!(epochs, [1, 1], "both read on into their next epoch, the small one from step 30");
+    let mut code_epoch0: Vec<u64> = alone[..30].iter().flat_map(|step| step[1].clone()).collect();
+    code_epoch0.sort_unstable();
+    assert_eq!(code_epoch0, (0..60).collect::<Vec<u64>>(), "the small dataset's first 30 steps are its epoch");
+
+    // Refused, and the mixture is unchanged: it still reads step 0 next.
+    let saved = saved.expect("saved at step 7");
+    let mut resumed = RecordMixture::new(loaders(shares())).expect("mixture");
+    let short = resumed.resume(saved[..1].to_vec());
+    assert!(matches!(short, Err(LoaderError::MixtureStates { states: 1, streams: 2 })), "{short:?}");
+    let swapped = resumed.resume(vec![saved[1].clone(), saved[0].clone()]);
+    assert!(matches!(swapped, Err(LoaderError::WrongDataset { .. })), "{swapped:?}");
+    let first = resumed.next_batch().await.expect("batches");
+    assert_eq!([first[0].records.clone(), first[1].records.clone()], alone[0]);
+    // Resumed at step 7, it reads the straight run's steps from there.
+    resumed.resume(saved).expect("resume");
+    for (step, expected) in alone.iter().enumerate().skip(7) {
+        let batches = resumed.next_batch().await.expect("batches");
+        assert_eq!(&[batches[0].records.clone(), batches[1].records.clone()], expected, "step {step}");
+    }
+
+    // A worker's schedule reads the same steps of both datasets.
+    let mut worker = RecordMixture::new(loaders(shares())).expect("mixture");
+    worker.set_schedule(StepSchedule { first: 1, stride: 3, end: Some(40) });
+    for (step, expected) in alone.iter().enumerate().skip(1).step_by(3) {
+        let batches = worker.next_batch().await.expect("batches");
+        assert_eq!((batches[0].step, batches[1].step), (step as u64, step as u64));
+        assert_eq!(&[batches[0].records.clone(), batches[1].records.clone()], expected, "step {step}");
+    }
+    assert!(worker.finished(), "every step of the schedule was returned");
+    assert!(matches!(worker.next_batch().await, Err(LoaderError::End(_))), "nothing after the schedule's end");
+
+    // What cannot be mixed.
+    assert!(matches!(RecordMixture::new(Vec::new()).err(), Some(LoaderError::EmptyMixture)));
+    let mut ahead = loaders(shares());
+    ahead[1].next_batch().await.expect("batch");
+    let refused = RecordMixture::new(ahead).err();
+    assert!(matches!(refused, Some(LoaderError::MixtureSteps { first: 0, other: 1 })), "{refused:?}");
+    let other_rank = RecordLoaderConfig { rank: 1, world: 2, ..config(2) };
+    let refused = RecordMixture::new(loaders([config(6), other_rank])).err();
+    assert!(matches!(refused, Some(LoaderError::MixtureRanks { first: (0, 1), other: (1, 2) })), "{refused:?}");
 }
 
 /// WebDataset shards: samples grouped by key, each served as one span

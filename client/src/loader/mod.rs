@@ -2,8 +2,10 @@
 //! slice of the global batch, token windows ([`WindowLoader`]) or records
 //! ([`RecordLoader`]), with `prefetch` steps already in flight so the loop
 //! never waits on I/O it could have issued earlier. Both are one
-//! [`Loader`] over a different [`StepBatch`].
+//! [`Loader`] over a different [`StepBatch`]. A [`Mixture`] steps loaders of
+//! several datasets together, each dataset's share fixed in every step.
 
+mod mixture;
 mod records;
 mod replay;
 mod steps;
@@ -13,6 +15,7 @@ use std::sync::Arc;
 
 use crate::sampler::{rank_slice, window_domain, IndexSampler, SamplerError, SamplerKind, SamplerState};
 use crate::{ClientError, Dataset, RangeStatus, ReadRange};
+pub use mixture::Mixture;
 pub use records::{RecordBatch, RecordLoaderConfig};
 pub use replay::{replay_step, ReplaySample};
 pub use steps::StepSchedule;
@@ -47,6 +50,14 @@ pub enum LoaderError {
     End(u64),
     #[error("samples_per_epoch is at least 1")]
     EmptyEpoch,
+    #[error("a mixture needs at least one dataset")]
+    EmptyMixture,
+    #[error("a mixture's datasets must stand at one step: one is at step {first}, another at {other}")]
+    MixtureSteps { first: u64, other: u64 },
+    #[error("a mixture's datasets must be read for one rank: (rank, world) {first:?} and {other:?}")]
+    MixtureRanks { first: (u32, u32), other: (u32, u32) },
+    #[error("the state is of {states} datasets, the mixture mixes {streams}")]
+    MixtureStates { states: usize, streams: usize },
 }
 
 /// What a sample is in the dataset's bytes.
@@ -102,6 +113,12 @@ pub type WindowLoader = Loader<TokenBatch>;
 /// bijection, state and prefetch as the [`WindowLoader`]: one batch read
 /// per step, whatever the records' sizes.
 pub type RecordLoader = Loader<RecordBatch>;
+
+/// Token windows of several datasets in fixed shares per step.
+pub type WindowMixture = Mixture<TokenBatch>;
+
+/// Records of several datasets in fixed shares per step.
+pub type RecordMixture = Mixture<RecordBatch>;
 
 impl<B: StepBatch> Loader<B> {
     fn build(place: Where, state: SamplerState) -> Result<Self, LoaderError> {
@@ -169,14 +186,20 @@ impl<B: StepBatch> Loader<B> {
 
     /// The next step's batch. Keeps `prefetch` steps in flight.
     pub async fn next_batch(&mut self) -> Result<B, LoaderError> {
+        self.issue_ahead()?;
+        let batch = self.steps.next().await?;
+        advance(&mut self.state, batch.step());
+        Ok(batch)
+    }
+
+    /// Issues the steps the read-ahead depth allows, then tells the node of
+    /// the steps beyond them.
+    fn issue_ahead(&mut self) -> Result<(), LoaderError> {
         while let Some(step) = self.steps.to_issue() {
             self.issue(step)?;
         }
         // After the reads it waits on, so they fetch first.
-        self.hint_ahead()?;
-        let batch = self.steps.next().await?;
-        advance(&mut self.state, batch.step());
-        Ok(batch)
+        self.hint_ahead()
     }
 
     /// The samples of this rank's part of `step`, in batch order.
