@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::s3::{Fault, S3};
-use common::NodeProcess;
+use common::{npy_u16, NodeProcess};
 use rand::{Rng, SeedableRng};
 use sluice_client::blocking::{Client, Dataset};
 use sluice_client::{RangeStatus, ReadRange};
@@ -75,21 +75,6 @@ fn assert_exact(expected: &[u8], ranges: &[(u64, u32)], got: &[(RangeStatus, Vec
 
 fn stat(node: &NodeProcess, name: &str) -> serde_json::Value {
     serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "stat", name])).expect("stat json")
-}
-
-/// `.npy` bytes of a 1-D little-endian u16 array.
-fn npy_u16(tokens: &[u8]) -> Vec<u8> {
-    let dict = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({},), }}", tokens.len() / 2);
-    let mut header = dict.into_bytes();
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(b' ');
-    }
-    header.push(b'\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(tokens);
-    out
 }
 
 /// Every kind from a source: random unaligned ranges of a cold dataset

@@ -295,3 +295,18 @@ pub fn eventually(seconds: u64, mut check: impl FnMut() -> bool) -> bool {
 pub fn hostile_policy(name: &str, out: &Path) -> Option<PathBuf> {
     hostile::compile_hostile(&Path::new(env!("CARGO_MANIFEST_DIR")).join("ebpf"), name, out)
 }
+
+/// `.npy` bytes of a 1-D little-endian u16 array.
+pub fn npy_u16(tokens: &[u8]) -> Vec<u8> {
+    let dict = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({},), }}", tokens.len() / 2);
+    let mut header = dict.into_bytes();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(b' ');
+    }
+    header.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(tokens);
+    out
+}
