@@ -12,6 +12,31 @@
 //! state is each loader's state.
 //!
 //! The same mixture in Python is `sluice.torch.MixtureDataset`.
+//!
+//! ```no_run
+//! # async fn mix() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//!
+//! use sluice_client::loader::{RecordLoader, RecordLoaderConfig, RecordMixture};
+//!
+//! let client = sluice_client::Client::connect("http://127.0.0.1:7070").await?;
+//! let mut loaders = Vec::new();
+//! // Six `web` records and two `code` records in every step.
+//! for (name, share) in [("web", 6), ("code", 2)] {
+//!     let dataset = Arc::new(client.open(name).await?);
+//!     let index = dataset.record_index().await?.into();
+//!     let config =
+//!         RecordLoaderConfig { global_batch: share, rank: 0, world: 1, seed: 8, samples_per_epoch: None, prefetch: 4 };
+//!     loaders.push(RecordLoader::new(dataset, index, &config)?);
+//! }
+//! let mut mixture = RecordMixture::new(loaders)?;
+//! let batches = mixture.next_batch().await?;
+//! assert_eq!((batches[0].records.len(), batches[1].records.len()), (6, 2));
+//! let saved = mixture.state(); // one `SamplerState` per dataset
+//! mixture.resume(saved)?; // where a restarted job goes on: step 1
+//! # Ok(())
+//! # }
+//! ```
 
 use super::{advance, Loader, LoaderError, StepBatch, StepSchedule};
 use crate::sampler::SamplerState;
