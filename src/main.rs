@@ -99,11 +99,11 @@ async fn quickstart(args: QuickstartArgs) -> Result<(), String> {
         ..NodeConfig::default()
     };
     let node = Node::start(config).await.map_err(|e| e.to_string())?;
-    println!("node up: control API {} , data plane tcp {}", node.control_url(), node.data_addr);
-    println!("  {}", node.describe());
+    sluicectl::outln!("node up: control API {} , data plane tcp {}", node.control_url(), node.data_addr);
+    sluicectl::outln!("  {}", node.describe());
     let outcome = run_demo(&node, &args, kind).await;
     node.shutdown().await;
-    println!("node stopped cleanly");
+    sluicectl::outln!("node stopped cleanly");
     outcome
 }
 
@@ -124,7 +124,7 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
     let record = node.control.get(&name).map_err(|e| e.to_string())?;
     let token_bytes = record.kind.element_size_bytes();
     let window_bytes = u64::from(args.window) * token_bytes;
-    println!(
+    sluicectl::outln!(
         "dataset {name}: {} tokens ({} MiB, {}), {}",
         record.length_bytes / token_bytes,
         record.length_bytes >> 20,
@@ -134,13 +134,13 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
 
     // Reads need a grant, as on any node: the demo issues itself one.
     let grant = node.control.issue_grant(&name, "quickstart", None, None).map_err(|e| e.to_string())?;
-    println!("granted {name} to client \"quickstart\" (grant {})", grant.id);
+    sluicectl::outln!("granted {name} to client \"quickstart\" (grant {})", grant.id);
     let client = Client::connect(&node.control_url()).await.map_err(|e| e.to_string())?;
     let options = sluice_client::OpenOptions { token: grant.token.map(|t| t.into_inner()), ..Default::default() };
     let dataset = Arc::new(client.open_with(&name, options).await.map_err(|e| e.to_string())?);
     check_windows(&dataset, &record.namespace, window_bytes, token_bytes).await?;
 
-    println!(
+    sluicectl::outln!(
         "reading random {}-token windows over {}: batches of {}, {} in flight, {:.0} s",
         args.window,
         client.transport(),
@@ -160,13 +160,13 @@ async fn run_demo(node: &Node, args: &QuickstartArgs, kind: DatasetKind) -> Resu
         verify_against: None,
     };
     let report = readbench::run(Arc::clone(&dataset), params).await.map_err(|e| e.to_string())?;
-    println!(
+    sluicectl::outln!(
         "{:.0} windows/s = {:.1} M tokens/s = {:.0} MB/s",
         report.iops,
         report.iops * f64::from(args.window) / 1e6,
         report.gb_per_s * 1e3
     );
-    print!("{}", report.render());
+    sluicectl::out!("{}", report.render());
     // The demo's grant ends with the demo, so reruns do not pile them up.
     node.control.revoke_grant(grant.id).map_err(|e| e.to_string())?;
     Ok(())
@@ -204,7 +204,7 @@ async fn check_windows(
                 return Err(format!("window at byte {} differs from the namespace", range.offset));
             }
         }
-        println!("checked 256 random windows byte-exact against the namespace file");
+        sluicectl::outln!("checked 256 random windows byte-exact against the namespace file");
     }
     Ok(())
 }
@@ -219,10 +219,10 @@ async fn prepare(node: &Node, name: &str, kind: DatasetKind, source: Source) -> 
     let control = Arc::clone(&node.control);
     if let Ok(record) = control.get(name) {
         if record.state == DatasetState::Sealed {
-            println!("reusing sealed dataset {name}");
+            sluicectl::outln!("reusing sealed dataset {name}");
             return Ok(());
         }
-        println!("dataset {name} was left {:?}; starting it over", record.state);
+        sluicectl::outln!("dataset {name} was left {:?}; starting it over", record.state);
         control.delete(name).await.map_err(|e| e.to_string())?;
     }
     let name = name.to_string();
@@ -234,7 +234,7 @@ async fn prepare(node: &Node, name: &str, kind: DatasetKind, source: Source) -> 
         }
         let started = std::time::Instant::now();
         let record = control.seal(&name).map_err(|e| e.to_string())?;
-        println!(
+        sluicectl::outln!(
             "sealed {name} in {:.1} s: every chunk verified, content hash computed",
             started.elapsed().as_secs_f64()
         );
@@ -258,7 +258,7 @@ fn progress(total: u64, message: &str) -> ProgressBar {
 
 /// Writes `bytes` of skewed (Zipf-like) u16 tokens from a fixed seed.
 fn generate(control: &sluice_control::ControlPlane, name: &str, bytes: u64) -> Result<(), String> {
-    println!("generating {} MiB of synthetic u16 tokens (vocabulary {DEMO_VOCAB})", bytes >> 20);
+    sluicectl::outln!("generating {} MiB of synthetic u16 tokens (vocabulary {DEMO_VOCAB})", bytes >> 20);
     let mut session = control.begin_ingest(name, IngestFormat::Raw).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x51u64);
     let bar = progress(bytes, "generating");
@@ -301,6 +301,6 @@ fn ingest_file(control: &sluice_control::ControlPlane, name: &str, path: &std::p
     }
     bar.finish_and_clear();
     let appended = session.finish().map_err(|e| e.to_string())?;
-    println!("ingested {}: {} bytes", path.display(), appended.data_bytes);
+    sluicectl::outln!("ingested {}: {} bytes", path.display(), appended.data_bytes);
     Ok(())
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use common::NodeProcess;
 
@@ -45,9 +45,28 @@ fn each_kind_of_failure_has_its_exit_code() {
 
     let help = Command::new(env!("CARGO_BIN_EXE_sluicectl")).arg("--help").output().expect("run sluicectl");
     let help = String::from_utf8_lossy(&help.stdout);
-    for line in ["3  the node refused", "4  the node could not be reached", "5  a local file"] {
+    for line in ["3  the node refused", "4  the node could not be reached", "5  a local file", "141  stdout's reader"] {
         assert!(help.contains(line), "--help documents exit code {line:?}: {help}");
     }
+}
+
+/// `sluicectl dataset ls | head`: when the reader of its output has gone,
+/// sluicectl ends quietly with 141, as a tool SIGPIPE ends, not a panic.
+#[test]
+fn a_closed_stdout_ends_sluicectl_quietly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = NodeProcess::start(&dir.path().join("node"));
+    for name in ["a", "b", "c"] {
+        node.ctl_ok(&["dataset", "create", name, "--kind", "bytes"]);
+    }
+    let mut ls =
+        node.ctl_command(&["dataset", "ls"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    // Closed before sluicectl has asked the node anything, so its first
+    // write finds no reader.
+    drop(ls.stdout.take());
+    let out = ls.wait_with_output().expect("wait");
+    assert_eq!(code(&out), Some(141), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "nothing on stderr: {}", stderr(&out));
 }
 
 #[test]

@@ -16,7 +16,8 @@ Exit codes:
   2  usage: arguments that do not fit together or do not fit the dataset
   3  the node refused the request (unknown dataset, no grant or token, a conflict)
   4  the node could not be reached or failed (connection, TLS, transport, a 5xx)
-  5  a local file could not be read or written";
+  5  a local file could not be read or written (stdout too)
+141  stdout's reader went away (`sluicectl dataset ls | head`), as for any tool SIGPIPE ends";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {

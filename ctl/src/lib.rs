@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod readbench;
+pub mod stdout;
 pub mod trace_view;
 pub mod tui;
 

@@ -137,12 +137,18 @@ impl NodeProcess {
     /// Runs sluicectl as the operator (with the node's own operator token
     /// when it made one).
     pub fn ctl(&self, args: &[&str]) -> Output {
+        self.ctl_command(args).output().expect("run sluicectl")
+    }
+
+    /// The sluicectl command [`NodeProcess::ctl`] runs, to be spawned.
+    pub fn ctl_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluicectl"));
         command.args(["--endpoint", &self.endpoint]).env_remove("SLUICE_TOKEN").env_remove("SLUICE_ADMIN_TOKEN");
         if let Some(token) = &self.admin_token {
             command.env("SLUICE_ADMIN_TOKEN", token);
         }
-        command.args(args).output().expect("run sluicectl")
+        command.args(args);
+        command
     }
 
     /// Runs sluicectl with no operator credential.

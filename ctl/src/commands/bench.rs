@@ -19,10 +19,15 @@ pub fn read(api: &Api, name: &str, params: BenchParams, client_threads: usize, j
             value["transport"] = Value::from(client.transport());
             value["transport_reason"] = Value::from(client.transport_reason());
             value["dataset"] = Value::from(name);
-            println!("{value}");
+            crate::outln!("{value}");
         } else {
-            println!("{name} over {} from {} ({})", client.transport(), client.node().name, client.transport_reason());
-            print!("{}", report.render());
+            crate::outln!(
+                "{name} over {} from {} ({})",
+                client.transport(),
+                client.node().name,
+                client.transport_reason()
+            );
+            crate::out!("{}", report.render());
         }
         Ok(())
     })

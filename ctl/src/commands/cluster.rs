@@ -8,19 +8,19 @@ use crate::error::{json_line, Result};
 pub fn run(api: &Api, json: bool) -> Result<()> {
     let status: ClusterStatus = api.get_json("/v1/cluster")?;
     if json {
-        println!("{}", json_line(&status)?);
+        crate::outln!("{}", json_line(&status)?);
         return Ok(());
     }
     if status.node.is_empty() {
-        println!("a single node (catalog: {}); start nodes with --etcd to form a cluster", status.catalog);
+        crate::outln!("a single node (catalog: {}); start nodes with --etcd to form a cluster", status.catalog);
         return Ok(());
     }
-    println!("node {} ; catalog {} ; {} copies per dataset", status.node, status.catalog, status.replication);
-    println!("{:<20} {:<32} DATA", "MEMBER", "CONTROL");
+    crate::outln!("node {} ; catalog {} ; {} copies per dataset", status.node, status.catalog, status.replication);
+    crate::outln!("{:<20} {:<32} DATA", "MEMBER", "CONTROL");
     for m in &status.members {
-        println!("{:<20} {:<32} {}", m.node, m.control_endpoint, m.data_addr);
+        crate::outln!("{:<20} {:<32} {}", m.node, m.control_endpoint, m.data_addr);
     }
-    println!("{:<32} {:<10} {:<24} COPIES (node:ready/syncing, * = not live)", "DATASET", "STATE", "PLACEMENT");
+    crate::outln!("{:<32} {:<10} {:<24} COPIES (node:ready/syncing, * = not live)", "DATASET", "STATE", "PLACEMENT");
     for d in &status.datasets {
         let copies: Vec<String> = d
             .copies
@@ -29,7 +29,7 @@ pub fn run(api: &Api, json: bool) -> Result<()> {
                 format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" })
             })
             .collect();
-        println!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies.join(" "));
+        crate::outln!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies.join(" "));
     }
     Ok(())
 }

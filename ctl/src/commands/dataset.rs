@@ -47,9 +47,13 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
                 .into_json()
                 .map_err(unreadable_answer)?;
             if json {
-                println!("{}", json_line(&report)?);
+                crate::outln!("{}", json_line(&report)?);
             } else {
-                println!("{name} is {}; {}", if report.pinned { "pinned" } else { "unpinned" }, cache_line(&report));
+                crate::outln!(
+                    "{name} is {}; {}",
+                    if report.pinned { "pinned" } else { "unpinned" },
+                    cache_line(&report)
+                );
             }
         }
         DatasetCommand::Ingest { name, files, format, index } => {
@@ -79,7 +83,7 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
                 results.push(serde_json::json!({ "file": file, "appended": appended }));
             }
             if json {
-                println!("{}", Value::Array(results));
+                crate::outln!("{}", Value::Array(results));
             }
         }
         DatasetCommand::Seal { name } => {
@@ -93,13 +97,13 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
         DatasetCommand::Ls => {
             let records: Vec<DatasetRecord> = api.get_json("/v1/datasets")?;
             if json {
-                println!("{}", json_line(&records)?);
+                crate::outln!("{}", json_line(&records)?);
             } else {
-                println!("{:<32} {:<11} {:<10} {:>16} {:>6}  HASH", "NAME", "KIND", "STATE", "BYTES", "FILES");
+                crate::outln!("{:<32} {:<11} {:<10} {:>16} {:>6}  HASH", "NAME", "KIND", "STATE", "BYTES", "FILES");
                 for r in records {
                     let hash = r.content_hash.as_deref().map(|h| &h[..h.len().min(23)]).unwrap_or("-");
                     let state = serde_json::to_value(r.state).ok().and_then(|v| v.as_str().map(str::to_string));
-                    println!(
+                    crate::outln!(
                         "{:<32} {:<11} {:<10} {:>16} {:>6}  {hash}",
                         r.name,
                         r.kind.as_str(),
@@ -121,22 +125,22 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
                 if let Some(cache) = &cache {
                     value["cache"] = serde_json::to_value(cache).map_err(|e| CtlError::Failed(e.to_string()))?;
                 }
-                println!("{value}");
+                crate::outln!("{value}");
             } else {
                 let pretty = serde_json::to_string_pretty(&record)
                     .map_err(|e| CtlError::Failed(format!("encoding JSON: {e}")))?;
-                println!("{pretty}");
+                crate::outln!("{pretty}");
                 if let Some(cache) = cache {
-                    println!("{}", cache_line(&cache));
+                    crate::outln!("{}", cache_line(&cache));
                 }
             }
         }
         DatasetCommand::Rm { name } => {
             api.call(api.request("DELETE", &format!("/v1/datasets/{name}")).call())?;
             if json {
-                println!("{}", serde_json::json!({ "deleted": name }));
+                crate::outln!("{}", serde_json::json!({ "deleted": name }));
             } else {
-                println!("deleted {name}");
+                crate::outln!("deleted {name}");
             }
         }
     }
@@ -206,25 +210,25 @@ fn warm(api: &Api, json: bool, name: &str, parallel: usize, no_wait: bool) -> Re
         bar.finish_and_clear();
     }
     if json {
-        println!("{}", json_line(&report)?);
+        crate::outln!("{}", json_line(&report)?);
     } else if report.hydrated {
         let record: DatasetRecord = api.get_json(&format!("/v1/datasets/{name}"))?;
-        println!(
+        crate::outln!(
             "{name} is warm: {} chunks on the node, content hash {}",
             report.chunks_total,
             record.content_hash.unwrap_or_default()
         );
     } else {
-        println!("{}", cache_line(&report));
+        crate::outln!("{}", cache_line(&report));
     }
     Ok(())
 }
 
 fn print_record(record: &DatasetRecord, json: bool, human: &str) {
     if json {
-        println!("{}", serde_json::to_string(record).unwrap_or_default());
+        crate::outln!("{}", serde_json::to_string(record).unwrap_or_default());
     } else {
-        println!("{human}");
+        crate::outln!("{human}");
     }
 }
 
@@ -306,7 +310,7 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
         )));
     }
     if !json {
-        println!(
+        crate::outln!(
             "ingested {}: {} bytes (crc32c {:#010x} verified); {name} is now {} bytes",
             path.display(),
             appended.data_bytes,

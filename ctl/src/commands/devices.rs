@@ -11,12 +11,12 @@ use crate::error::{json_line, unreadable_answer, Result};
 pub fn devices(api: &Api, json: bool) -> Result<()> {
     let devices: Vec<DeviceReport> = api.get_json("/v1/devices")?;
     if json {
-        println!("{}", json_line(&devices)?);
+        crate::outln!("{}", json_line(&devices)?);
         return Ok(());
     }
-    println!("{:<15} {:<40} {:>16} {:>16}  DATASETS", "KIND", "PATH", "CAPACITY", "USED");
+    crate::outln!("{:<15} {:<40} {:>16} {:>16}  DATASETS", "KIND", "PATH", "CAPACITY", "USED");
     for d in devices {
-        println!(
+        crate::outln!(
             "{:<15} {:<40} {:>16} {:>16}  {}",
             d.kind,
             d.path,
@@ -33,20 +33,20 @@ pub fn orphans(api: &Api, json: bool, command: &OrphansCommand) -> Result<()> {
         OrphansCommand::Ls => {
             let files: Vec<OrphanFile> = api.get_json("/v1/orphans")?;
             if json {
-                println!("{}", json_line(&files)?);
+                crate::outln!("{}", json_line(&files)?);
                 return Ok(());
             }
             for file in files {
-                println!("{:>16}  {}", file.bytes, file.path);
+                crate::outln!("{:>16}  {}", file.bytes, file.path);
             }
         }
         OrphansCommand::Purge => {
             let purged: Purged =
                 api.call(api.request("DELETE", "/v1/orphans").call())?.into_json().map_err(unreadable_answer)?;
             if json {
-                println!("{}", json_line(&purged)?);
+                crate::outln!("{}", json_line(&purged)?);
             } else {
-                println!("purged {} files, {} bytes", purged.files, purged.bytes);
+                crate::outln!("purged {} files, {} bytes", purged.files, purged.bytes);
             }
         }
     }
@@ -60,12 +60,12 @@ pub fn namespaces(api: &Api, json: bool) -> Result<()> {
             .iter()
             .map(|r| serde_json::json!({ "dataset": r.name, "length_bytes": r.length_bytes, "namespace": r.namespace }))
             .collect();
-        println!("{}", Value::Array(rows));
+        crate::outln!("{}", Value::Array(rows));
         return Ok(());
     }
-    println!("{:<32} {:<7} {:<40} {:>12} {:>16}  REASON", "DATASET", "KIND", "PATH", "OFFSET", "BYTES");
+    crate::outln!("{:<32} {:<7} {:<40} {:>12} {:>16}  REASON", "DATASET", "KIND", "PATH", "OFFSET", "BYTES");
     for r in records {
-        println!(
+        crate::outln!(
             "{:<32} {:<7} {:<40} {:>12} {:>16}  {}",
             r.name,
             r.namespace.kind,

@@ -18,13 +18,13 @@ pub fn run(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
             let grant: GrantView =
                 api.call(api.request("POST", "/v1/grants").send_json(body))?.into_json().map_err(unreadable_answer)?;
             if json {
-                println!("{}", json_line(&grant)?);
+                crate::outln!("{}", json_line(&grant)?);
             } else {
-                println!("grant {} of {dataset} to {client}", grant.id);
+                crate::outln!("grant {} of {dataset} to {client}", grant.id);
                 if let Some(end) = grant.expires_unix_ms {
-                    println!("ends at {end} (unix ms)");
+                    crate::outln!("ends at {end} (unix ms)");
                 }
-                println!(
+                crate::outln!(
                     "token (shown once; pass it as --token or SLUICE_TOKEN): {}",
                     grant.token.as_ref().map_or("", |t| t.expose())
                 );
@@ -33,21 +33,27 @@ pub fn run(api: &Api, json: bool, command: &GrantCommand) -> Result<()> {
         GrantCommand::Ls => {
             let grants: Vec<GrantView> = api.get_json("/v1/grants")?;
             if json {
-                println!("{}", json_line(&grants)?);
+                crate::outln!("{}", json_line(&grants)?);
             } else {
-                println!("{:>6}  {:<32} {:<40} {:<16} ENDS (unix ms)", "ID", "DATASET", "CLIENT", "CREATED (unix ms)");
+                crate::outln!(
+                    "{:>6}  {:<32} {:<40} {:<16} ENDS (unix ms)",
+                    "ID",
+                    "DATASET",
+                    "CLIENT",
+                    "CREATED (unix ms)"
+                );
                 for g in grants {
                     let ends = g.expires_unix_ms.map_or_else(|| "when revoked".to_string(), |end| end.to_string());
-                    println!("{:>6}  {:<32} {:<40} {:<16} {ends}", g.id, g.dataset, g.client, g.created_unix_ms);
+                    crate::outln!("{:>6}  {:<32} {:<40} {:<16} {ends}", g.id, g.dataset, g.client, g.created_unix_ms);
                 }
             }
         }
         GrantCommand::Revoke { id } => {
             api.call(api.request("DELETE", &format!("/v1/grants/{id}")).call())?;
             if json {
-                println!("{}", serde_json::json!({ "revoked": id }));
+                crate::outln!("{}", serde_json::json!({ "revoked": id }));
             } else {
-                println!("revoked grant {id}");
+                crate::outln!("revoked grant {id}");
             }
         }
     }

@@ -11,9 +11,9 @@ pub fn run(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
         PolicyCommand::Show => {
             let report: PolicyReport = api.get_json("/v1/policy")?;
             if json {
-                println!("{}", json_line(&report)?);
+                crate::outln!("{}", json_line(&report)?);
             } else {
-                print!("{}", render_report(&report));
+                crate::out!("{}", render_report(&report));
             }
         }
         PolicyCommand::Load { object } => {
@@ -26,20 +26,20 @@ pub fn run(api: &Api, json: bool, command: &PolicyCommand) -> Result<()> {
                 .send_bytes(&bytes);
             let loaded: PolicyInfo = api.call(request)?.into_json().map_err(unreadable_answer)?;
             if json {
-                println!("{}", json_line(&loaded)?);
+                crate::outln!("{}", json_line(&loaded)?);
             } else {
-                println!("policy {} attached ({})", loaded.name, loaded.object_hash);
+                crate::outln!("policy {} attached ({})", loaded.name, loaded.object_hash);
             }
         }
         PolicyCommand::Unload => {
             let answer: Unloaded =
                 api.call(api.request("DELETE", "/v1/policy").call())?.into_json().map_err(unreadable_answer)?;
             if json {
-                println!("{}", json_line(&answer)?);
+                crate::outln!("{}", json_line(&answer)?);
             } else {
                 match answer.unloaded {
-                    Some(policy) => println!("policy {} detached; lanes by batch size", policy.name),
-                    None => println!("no policy was attached; lanes by batch size"),
+                    Some(policy) => crate::outln!("policy {} detached; lanes by batch size", policy.name),
+                    None => crate::outln!("no policy was attached; lanes by batch size"),
                 }
             }
         }

@@ -59,11 +59,11 @@ pub fn scrub(api: &Api, name: &str, json: bool) -> Result<()> {
         .into_json()
         .map_err(unreadable_answer)?;
     if json {
-        println!("{}", json_line(&report)?);
+        crate::outln!("{}", json_line(&report)?);
     } else {
-        println!("{name}: {} chunks, {} bytes, {} bad", report.chunks, report.bytes, report.bad_chunks.len());
+        crate::outln!("{name}: {} chunks, {} bytes, {} bad", report.chunks, report.bytes, report.bad_chunks.len());
         for (chunk, status) in &report.bad_chunks {
-            println!("  chunk {chunk} (bytes {}..): {status}", chunk * sluice_proto::CHUNK_SIZE_BYTES);
+            crate::outln!("  chunk {chunk} (bytes {}..): {status}", chunk * sluice_proto::CHUNK_SIZE_BYTES);
         }
     }
     if !report.bad_chunks.is_empty() {

@@ -79,17 +79,26 @@ pub fn run(
                 v
             })
             .collect();
-        println!("{}", Value::Array(out));
+        crate::outln!("{}", Value::Array(out));
     } else {
-        println!("dataset {name} ({}), step {step}, global batch {}", state.content_hash, state.global_batch);
-        println!(
+        crate::outln!("dataset {name} ({}), step {step}, global batch {}", state.content_hash, state.global_batch);
+        crate::outln!(
             "{:>8} {:>14} {:>6} {:>14} {:>16} {:>10}",
-            "POSITION", "GLOBAL_SAMPLE", "EPOCH", "INDEX", "BYTE_OFFSET", "CRC32C"
+            "POSITION",
+            "GLOBAL_SAMPLE",
+            "EPOCH",
+            "INDEX",
+            "BYTE_OFFSET",
+            "CRC32C"
         );
         for (s, crc) in rows {
-            println!(
+            crate::outln!(
                 "{:>8} {:>14} {:>6} {:>14} {:>16}   {crc:#010x}",
-                s.position, s.global_sample, s.epoch, s.index, s.byte_offset
+                s.position,
+                s.global_sample,
+                s.epoch,
+                s.index,
+                s.byte_offset
             );
         }
     }

@@ -27,13 +27,13 @@ pub fn run(api: &Api, once: bool, interval: f64, json: bool) -> Result<()> {
         trace_rates.update(&snapshot.trace, interval);
         cache_rates.update(&snapshot.caches, interval);
         if json {
-            println!("{}", crate::error::json_line(&snapshot)?);
+            crate::outln!("{}", crate::error::json_line(&snapshot)?);
         } else {
             if !once {
-                print!("\x1b[2J\x1b[H");
+                crate::out!("\x1b[2J\x1b[H");
             }
-            print!("{}", crate::trace_view::render(&snapshot.trace, &trace_rates.rows(&snapshot.trace)));
-            print!("{}", crate::cache_view::render(&cache_rates.rows(&snapshot.caches)));
+            crate::out!("{}", crate::trace_view::render(&snapshot.trace, &trace_rates.rows(&snapshot.trace)));
+            crate::out!("{}", crate::cache_view::render(&cache_rates.rows(&snapshot.caches)));
         }
         if once {
             return Ok(());
