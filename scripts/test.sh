@@ -17,7 +17,7 @@ step() {
         "$(df -h --output=avail . | tail -n 1 | tr -d ' ') free]"
 }
 # Disk is the scarce thing on a fresh machine, so nothing is written twice:
-# a run builds from nothing, so cargo's incremental state (3 GB under
+# CI builds from nothing, so cargo's incremental state (3 GB under
 # target/debug) would never be reused, and each wheel is installed once, so
 # pip's cache would only hold a second copy of torch and its CUDA libraries.
 export CARGO_INCREMENTAL=0 PIP_NO_CACHE_DIR=1

@@ -59,8 +59,14 @@ pub fn loader(err: LoaderError) -> PyErr {
     match err {
         LoaderError::Client(err) => client(err),
         LoaderError::Kind(_) => WrongKind::new_err(message),
-        LoaderError::WrongDataset { .. } | LoaderError::WrongSampler => StateMismatch::new_err(message),
-        LoaderError::Sampler(_) | LoaderError::EmptyEpoch => PyValueError::new_err(message),
+        LoaderError::WrongDataset { .. } | LoaderError::WrongSampler | LoaderError::MixtureStates { .. } => {
+            StateMismatch::new_err(message)
+        }
+        LoaderError::Sampler(_)
+        | LoaderError::EmptyEpoch
+        | LoaderError::EmptyMixture
+        | LoaderError::MixtureSteps { .. }
+        | LoaderError::MixtureRanks { .. } => PyValueError::new_err(message),
         LoaderError::Read { .. } | LoaderError::Index { .. } => ReadFailed::new_err(message),
         LoaderError::Task(_) | LoaderError::End(_) => SluiceError::new_err(message),
     }
