@@ -53,8 +53,14 @@ impl<B: StepBatch> Mixture<B> {
     /// schedules become the mixture's: every step from the one they stand
     /// at, until [`Mixture::set_schedule`].
     pub fn new(mut streams: Vec<Loader<B>>) -> Result<Self, LoaderError> {
-        check_together(streams.iter().map(|s| (&s.state, s.place.rank, s.place.world)))?;
-        let first = streams[0].state.step();
+        let first = one_step(streams.iter().map(|s| &s.state))?;
+        let (rank, world) = (streams[0].place.rank, streams[0].place.world);
+        if let Some(other) = streams.iter().find(|s| (s.place.rank, s.place.world) != (rank, world)) {
+            return Err(LoaderError::MixtureRanks {
+                first: (rank, world),
+                other: (other.place.rank, other.place.world),
+            });
+        }
         for stream in &mut streams {
             stream.set_schedule(StepSchedule::from(first));
         }
@@ -98,7 +104,8 @@ impl<B: StepBatch> Mixture<B> {
         if states.len() != self.streams.len() {
             return Err(LoaderError::MixtureStates { states: states.len(), streams: self.streams.len() });
         }
-        check_together(states.iter().zip(&self.streams).map(|(state, s)| (state, s.place.rank, s.place.world)))?;
+        // The rank and world size stay the streams' own, checked in `new`.
+        one_step(states.iter())?;
         let resumed = states
             .into_iter()
             .zip(&self.streams)
@@ -133,24 +140,14 @@ impl<B: StepBatch> Mixture<B> {
         // Set together and advanced together: one stream speaks for all.
         self.streams[0].finished()
     }
-
-    /// The datasets' loaders, in the mixture's order.
-    pub fn streams(&self) -> &[Loader<B>] {
-        &self.streams
-    }
 }
 
-/// What a mixture needs of its streams' `(state, rank, world)`: at least
-/// one, all at one step, all for one rank of one world size.
-fn check_together<'a>(mut streams: impl Iterator<Item = (&'a SamplerState, u32, u32)>) -> Result<(), LoaderError> {
-    let (first, rank, world) = streams.next().ok_or(LoaderError::EmptyMixture)?;
-    for (state, other_rank, other_world) in streams {
-        if state.step() != first.step() {
-            return Err(LoaderError::MixtureSteps { first: first.step(), other: state.step() });
-        }
-        if (other_rank, other_world) != (rank, world) {
-            return Err(LoaderError::MixtureRanks { first: (rank, world), other: (other_rank, other_world) });
-        }
+/// The one step a mixture's states stand at: there is at least one state,
+/// and all stand at the same step.
+fn one_step<'a>(mut states: impl Iterator<Item = &'a SamplerState>) -> Result<u64, LoaderError> {
+    let first = states.next().ok_or(LoaderError::EmptyMixture)?.step();
+    match states.find(|state| state.step() != first) {
+        Some(other) => Err(LoaderError::MixtureSteps { first, other: other.step() }),
+        None => Ok(first),
     }
-    Ok(())
 }
