@@ -87,6 +87,24 @@ class _Epochs:
         if self._resume is not None and self._resume["epoch"] != self.epoch:
             self._resume = None
 
+    def _run_epoch(self, step: int, end: int, workers: int, read: Callable[[], Any]) -> Iterator[Any]:
+        """One worker's steps of an epoch, ``step, step + workers, ...``
+        below ``end``, each ``read()``; ``_next_step`` (what ``state_dict``
+        names) is kept current. At the end the loaded state is spent and the
+        epoch advanced: the copy that read the epoch reads the next one next
+        (the object itself without workers, and a persistent worker's copy,
+        which the main process's ``set_epoch`` never reaches; other
+        workers' copies end with their epoch)."""
+        self._next_step = step
+        while step < end:
+            batch = read()
+            step += workers
+            self._next_step = step
+            yield batch
+        self._resume = None
+        self._next_step = None
+        self.epoch += 1
+
 
 class _Stream(_Epochs):
     """What the three datasets share: connection, schedule, epoch, state.
@@ -199,7 +217,7 @@ class _Stream(_Epochs):
         _, end = self._epoch_steps(self.epoch)
         if step < end:
             loader.set_schedule(step, workers, end)
-        yield from _epoch(self, step, end, workers, lambda: self._next(loader))
+        yield from self._run_epoch(step, end, workers, lambda: self._next(loader))
 
     def _next(self, loader: Any) -> Any:
         raise NotImplementedError
@@ -235,25 +253,6 @@ class _Stream(_Epochs):
             # connected; otherwise where the reading happens.
             self._native.load_state_json(json.dumps(state["sampler"]))
             self._sampler = dict(state["sampler"], next_sample=0, epoch=0)
-
-
-def _epoch(owner: Any, step: int, end: int, workers: int, read: Callable[[], Any]) -> Iterator[Any]:
-    """One worker's steps of an epoch, ``step, step + workers, ...`` below
-    ``end``, each ``read()``; ``owner._next_step`` (what ``state_dict``
-    names) is kept current. At the end the owner's loaded state is spent and
-    its epoch advanced: the copy that read the epoch reads the next one
-    next (the dataset itself without workers, and a persistent worker's
-    copy, which the main process's ``set_epoch`` never reaches; other
-    workers' copies end with their epoch)."""
-    owner._next_step = step
-    while step < end:
-        batch = read()
-        step += workers
-        owner._next_step = step
-        yield batch
-    owner._resume = None
-    owner._next_step = None
-    owner.epoch += 1
 
 
 def _check_state(state: Any, kind: str) -> None:
@@ -519,7 +518,7 @@ class Mixture(_Epochs):
         if step < end:
             for loader in loaders:
                 loader.set_schedule(step, workers, end)
-        yield from _epoch(self, step, end, workers, lambda: self._next(loaders))
+        yield from self._run_epoch(step, end, workers, lambda: self._next(loaders))
 
     def _next(self, loaders: List[Any]) -> Any:
         first = self.streams[0]
