@@ -42,13 +42,16 @@ fn a_killed_quickstart_starts_over_and_a_sealed_dataset_is_reused() {
     let data = dir.path().join("data");
     let size = ["--size-mib", "32"];
 
-    // Killed once its node is up: while it generates, ingests or seals.
+    // Killed once it has begun to make its dataset: while it generates,
+    // ingests or seals. Its stdout stays read until then, so the kill, not
+    // a closed pipe at its next line, is what ends it.
     let mut first = quickstart(&data, &size).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("spawn");
-    let stdout = first.stdout.take().expect("stdout");
-    let up = BufReader::new(stdout).lines().map_while(Result::ok).any(|line| line.starts_with("node up"));
-    assert!(up, "the first run's node came up");
+    let mut lines = BufReader::new(first.stdout.take().expect("stdout")).lines().map_while(Result::ok);
+    let begun = lines.any(|line| line.starts_with("generating"));
+    assert!(begun, "the first run began to make its dataset");
     first.kill().expect("kill");
     first.wait().expect("wait");
+    drop(lines);
 
     let rerun = stdout_of(&quickstart(&data, &size).output().expect("run"));
     assert_served(&rerun);
