@@ -60,8 +60,9 @@ step "Python environments (in the background)"
 # tests. target/pybuild: maturin, which builds the wheel. target/pyenv: the
 # environment the wheel is tested in, with the default torch wheel (it runs
 # without a GPU), torchdata, webdataset, Pillow (its image decoders),
-# mosaicml-streaming (it writes the MDS shards the tests read back) and
-# pytest from the package registry, so no torch test skips for want of them.
+# mosaicml-streaming (it writes the MDS shards the tests read back),
+# litdata (it writes the LitData token datasets they ingest) and pytest
+# from the package registry, so no torch test skips for want of them.
 mkdir -p target
 rm -rf target/s3env target/pybuild target/pyenv
 venv() { # DIR PACKAGE...
@@ -71,7 +72,7 @@ venv() { # DIR PACKAGE...
 }
 venv target/s3env 'moto[server]>=5,<6' >target/s3env.log 2>&1 &
 S3ENV_JOB=$!
-{ venv target/pybuild 'maturin>=1.5,<2' && venv target/pyenv pytest torch torchdata webdataset pillow mosaicml-streaming; } >target/pyenv.log 2>&1 &
+{ venv target/pybuild 'maturin>=1.5,<2' && venv target/pyenv pytest torch torchdata webdataset pillow mosaicml-streaming litdata; } >target/pyenv.log 2>&1 &
 PYENV_JOB=$!
 # await JOB LOG: the job's failure fails the run, with its log.
 await() {

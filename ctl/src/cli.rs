@@ -169,9 +169,9 @@ pub enum DatasetCommand {
     Unpin {
         name: String,
     },
-    /// Append files (raw, .npy arrays, tar shards for wds, MDS shards for
-    /// mds) in order; a file named .zst or .zstd is decompressed as it is
-    /// sent.
+    /// Append files (raw, .npy arrays, a LitData token dataset's directory
+    /// for tokens, tar shards for wds, MDS shards for mds) in order; a file
+    /// named .zst or .zstd is decompressed as it is sent.
     Ingest {
         name: String,
         #[arg(required = true)]

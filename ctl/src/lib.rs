@@ -11,6 +11,7 @@ pub mod cache_view;
 pub mod cli;
 pub mod commands;
 pub mod error;
+pub mod litdata;
 pub mod readbench;
 pub mod stdout;
 pub mod trace_view;

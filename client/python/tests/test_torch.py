@@ -558,6 +558,29 @@ def test_bad_mosaic_shards_are_refused_and_lose_nothing(node, records, tmp_path)
     with pytest.raises(sluice.WrongKind, match="mds"):
         next(iter(WindowDataset(node.endpoint, "mosaic-bad", window=4, batch_size=2, seed=0)))
 
+    # A shard whose offsets hold but whose samples do not: one too short
+    # for its column sizes, one whose text size runs past its end. Ingest
+    # indexes samples, not their columns; reading them is a clear error.
+    config = json.dumps({"version": 2, "format": "mds", "compression": None, "hashes": [], "size_limit": 4096,
+                         "column_names": ["id", "text"], "column_encodings": ["int", "str"],
+                         "column_sizes": [8, None]}).encode()
+    samples = [b"\x01\x00", (100).to_bytes(4, "little") + (7).to_bytes(8, "little") + b"abc"]
+    offset = 4 + 4 * (len(samples) + 1) + len(config)
+    offsets = [offset] + [offset := offset + len(sample) for sample in samples]
+    hostile = tmp_path / "hostile.mds"
+    hostile.write_bytes(len(samples).to_bytes(4, "little") + b"".join(o.to_bytes(4, "little") for o in offsets)
+                        + config + b"".join(samples))
+    node.ctl("dataset", "create", "mosaic-hostile", "--kind", "mds")
+    node.ctl("dataset", "ingest", "mosaic-hostile", str(hostile))
+    node.ctl("dataset", "seal", "mosaic-hostile")
+    seen = set()
+    for seed in range(8):  # the sampler is deterministic: these seeds start on each of the two
+        with pytest.raises(sluice.ReadFailed, match="an MDS sample of (2 bytes, too short|15 bytes whose columns)") \
+                as refused:
+            next(iter(sluice.MdsSamples(node.endpoint, "mosaic-hostile", 1, seed=seed)))
+        seen.add(str(refused.value).split(" bytes")[0])
+    assert len(seen) == 2, seen
+
     pickled = dict(MDS_COLUMNS, obj="pkl")
     node.ctl("dataset", "create", "mosaic-pkl", "--kind", "mds")
     node.ctl("dataset", "ingest", "mosaic-pkl", *map(str, sorted(write_mds(tmp_path / "pkl", 5, pickled).glob("*.mds"))))
@@ -566,6 +589,61 @@ def test_bad_mosaic_shards_are_refused_and_lose_nothing(node, records, tmp_path)
         next(iter(MdsDataset(node.endpoint, "mosaic-pkl", batch_size=1, seed=0)))
     trusted = next(iter(MdsDataset(node.endpoint, "mosaic-pkl", batch_size=5, seed=0, allow_unsafe_types=True)))
     assert sorted(sample["obj"] for sample in trusted) == list(range(5))
+
+
+def _lit_sequence(i):
+    """Sequence ``i`` of a LitData token dataset: 20 to 90 distinct ids."""
+    return torch.arange(i * 1000, i * 1000 + 20 + i * 37 % 71, dtype=torch.int32)
+
+
+def _lit_record(i):
+    return {"id": i, "text": "x" * i}
+
+
+def test_a_litdata_token_dataset_is_served_as_litdata_reads_it(node, tmp_path):
+    litdata = need("litdata")
+    from litdata.streaming.item_loader import TokensLoader
+
+    # Written by LitData's own optimize (two workers, chunks of 700 tokens:
+    # several chunks, each a run of whole sequences), as LitGPT writes its
+    # pretraining data; ingested by naming the directory.
+    out = tmp_path / "lit"
+    litdata.optimize(fn=_lit_sequence, inputs=list(range(60)), output_dir=str(out), chunk_size=700,
+                     item_loader=TokensLoader(), num_workers=2)
+    index = json.loads((out / "index.json").read_text())
+    assert len(index["chunks"]) >= 3, index["chunks"]
+    node.ctl("dataset", "create", "lit", "--kind", "tokens:u32")
+    node.ctl("dataset", "ingest", "lit", str(out))
+    node.ctl("dataset", "seal", "lit")
+    ds = sluice.connect(node.endpoint).open("lit")
+    stream = ds.read_batch([(0, ds.length_bytes)]).view("<u4")
+    assert len(stream) == sum(chunk["dim"] for chunk in index["chunks"])
+    written = np.concatenate([_lit_sequence(i).numpy() for i in range(60)])
+    assert sorted(stream.tolist()) == sorted(written.tolist()), "every token once"
+
+    # LitData's own reader, unshuffled: block b of chunk c is tokens
+    # [b * B, (b + 1) * B) of that chunk, which sluice holds at the chunk's
+    # place in the index's order.
+    block = 13
+    theirs = iter(litdata.StreamingDataset(str(out), item_loader=TokensLoader(block_size=block), shuffle=False))
+    start, blocks = 0, 0
+    for chunk in index["chunks"]:
+        for b in range(chunk["dim"] // block):
+            at = start + b * block
+            np.testing.assert_array_equal(next(theirs).numpy(), stream[at:at + block].astype(np.int32))
+            blocks += 1
+        start += chunk["dim"]
+    assert next(theirs, None) is None and blocks > 20
+
+    # Another layout is refused by name, and nothing is sent.
+    node.ctl("dataset", "create", "lit-records", "--kind", "tokens:u32")
+    pytree = tmp_path / "pytree"
+    litdata.optimize(fn=_lit_record, inputs=list(range(10)), output_dir=str(pytree), chunk_bytes="1MB", num_workers=1)
+    err = node.ctl("dataset", "ingest", "lit-records", str(pytree), fails=True)
+    assert "item_loader=TokensLoader) only" in err, err
+    err = node.ctl("dataset", "ingest", "lit-records", str(out / "index.json"), "--format", "raw", fails=True)
+    assert "drop --format" in err, err
+    assert json.loads(node.ctl("--json", "dataset", "stat", "lit-records"))["length_bytes"] == 0
 
 
 def test_read_into_fills_caller_buffers_byte_exact(node, tokens):

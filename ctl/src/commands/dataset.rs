@@ -1,8 +1,8 @@
 //! `sluicectl dataset`: create, ingest, seal, list, inspect and delete.
 
 use std::fs::File;
-use std::io::Read;
-use std::path::Path;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -13,6 +13,7 @@ use sluice_proto::npy;
 use crate::api::Api;
 use crate::cli::{DatasetCommand, Format};
 use crate::error::{json_line, local, unreadable_answer, CtlError, Result};
+use crate::litdata::TokenChunk;
 
 pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
     match command {
@@ -77,9 +78,30 @@ pub fn run(api: &Api, json: bool, command: &DatasetCommand) -> Result<()> {
                 }
                 stage_index(api, name, index)?;
             }
-            let mut results = Vec::new();
+            // A LitData token dataset's directory stands for its chunks, in
+            // its index's order; every chunk is checked before any is sent.
+            let mut sources = Vec::with_capacity(files.len());
             for file in files {
-                let appended = ingest_file(api, name, file, *format, json)?;
+                match crate::litdata::index_of(file) {
+                    Some(index) => {
+                        if *format != Format::Auto {
+                            return Err(CtlError::Usage(format!(
+                                "{}: a LitData dataset is read by its index.json; drop --format",
+                                file.display()
+                            )));
+                        }
+                        let chunks = crate::litdata::token_chunks(&index, record.kind).map_err(CtlError::Local)?;
+                        sources.extend(chunks.into_iter().map(Source::TokenChunk));
+                    }
+                    None => sources.push(Source::File(file.clone())),
+                }
+            }
+            let mut results = Vec::new();
+            for source in &sources {
+                let (file, appended) = match source {
+                    Source::File(file) => (file, ingest_file(api, name, file, *format, json)?),
+                    Source::TokenChunk(chunk) => (&chunk.path, ingest_token_chunk(api, name, chunk, json)?),
+                };
                 results.push(serde_json::json!({ "file": file, "appended": appended }));
             }
             if json {
@@ -262,6 +284,24 @@ fn decoded<R: Read + Send + 'static>(path: &Path, read: R) -> Result<Box<dyn Rea
     }
 }
 
+/// What one `ingest` argument stands for.
+enum Source {
+    /// A file sent whole (a `.npy` header the node strips).
+    File(PathBuf),
+    /// A LitData chunk's tokens, past its header.
+    TokenChunk(TokenChunk),
+}
+
+/// Streams one LitData chunk's tokens to the node, as raw bytes.
+fn ingest_token_chunk(api: &Api, name: &str, chunk: &TokenChunk, json: bool) -> Result<Appended> {
+    let path = &chunk.path;
+    let mut file = File::open(path).map_err(local(path))?;
+    file.seek(SeekFrom::Start(chunk.data_offset_bytes)).map_err(local(path))?;
+    let progress = progress_bar(path, chunk.data_bytes);
+    let tokens: Box<dyn Read + Send> = Box::new(progress.wrap_read(file.take(chunk.data_bytes)));
+    send(api, name, Upload { path, bytes: tokens, format: "raw", data_offset: 0, progress }, json)
+}
+
 /// Streams one file to the node, then compares the node's CRC32C of the
 /// data with the one computed here while sending.
 fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -> Result<Appended> {
@@ -283,6 +323,15 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
     } else {
         0
     };
+    let progress = progress_bar(path, size);
+    // The bar counts the file's own bytes, compressed or not.
+    let bytes = decoded(path, progress.wrap_read(file))?;
+    let format = if npy { "npy" } else { "raw" };
+    send(api, name, Upload { path, bytes, format, data_offset, progress }, json)
+}
+
+/// A bar of `size` bytes, named by `path`.
+fn progress_bar(path: &Path, size: u64) -> ProgressBar {
     let progress = ProgressBar::new(size);
     progress.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
@@ -290,13 +339,30 @@ fn ingest_file(api: &Api, name: &str, path: &Path, format: Format, json: bool) -
             .progress_chars("=> "),
     );
     progress.set_message(path.display().to_string());
-    // The bar counts the file's own bytes, compressed or not.
-    let reader = CrcReader { inner: decoded(path, progress.wrap_read(file))?, skip: data_offset, crc: 0 };
+    progress
+}
+
+/// One file's bytes on their way to the node.
+struct Upload<'a> {
+    path: &'a Path,
+    bytes: Box<dyn Read + Send>,
+    /// The `format` the node reads them in (`raw` or `npy`).
+    format: &'static str,
+    /// Leading bytes the node strips (a `.npy` header).
+    data_offset: u64,
+    progress: ProgressBar,
+}
+
+/// Sends `upload`, then compares the node's CRC32C of the data it kept
+/// (past the bytes it strips) with the one computed here while sending.
+fn send(api: &Api, name: &str, upload: Upload<'_>, json: bool) -> Result<Appended> {
+    let Upload { path, bytes, format, data_offset, progress } = upload;
+    let reader = CrcReader { inner: bytes, skip: data_offset, crc: 0 };
     let crc = Arc::new(std::sync::Mutex::new(0u32));
     let reader = SharedCrc { reader, out: Arc::clone(&crc) };
     let request = api
         .request("POST", &format!("/v1/datasets/{name}/ingest"))
-        .query("format", if npy { "npy" } else { "raw" })
+        .query("format", format)
         .set("Content-Type", "application/octet-stream")
         .send(reader);
     progress.finish_and_clear();

@@ -136,6 +136,8 @@ class Columns:
         sizes, at = [], 0
         for size in self.sizes:
             if size is None:
+                if at + 4 > len(span):
+                    raise _native.ReadFailed(f"an MDS sample of {len(span)} bytes, too short for its column sizes")
                 (size,) = struct.unpack_from("<I", span, at)
                 at += 4
             sizes.append(size)
