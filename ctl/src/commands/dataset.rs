@@ -299,7 +299,17 @@ fn ingest_token_chunk(api: &Api, name: &str, chunk: &TokenChunk, json: bool) -> 
     file.seek(SeekFrom::Start(chunk.data_offset_bytes)).map_err(local(path))?;
     let progress = progress_bar(path, chunk.data_bytes);
     let tokens: Box<dyn Read + Send> = Box::new(progress.wrap_read(file.take(chunk.data_bytes)));
-    send(api, name, Upload { path, bytes: tokens, format: "raw", data_offset: 0, progress }, json)
+    let appended = send(api, name, Upload { path, bytes: tokens, format: "raw", data_offset: 0, progress }, json)?;
+    if appended.data_bytes != chunk.data_bytes {
+        return Err(CtlError::Failed(format!(
+            "{}: {} token bytes sent where its header promised {}: the chunk changed while it was sent; \
+             delete {name} and ingest again",
+            path.display(),
+            appended.data_bytes,
+            chunk.data_bytes
+        )));
+    }
+    Ok(appended)
 }
 
 /// Streams one file to the node, then compares the node's CRC32C of the
