@@ -262,6 +262,84 @@ fn tokens_from_arrays_beside_other_objects_are_refused_by_name() {
     assert_exact(&expected, &whole, &read(&dataset, &whole));
 }
 
+/// A LitData token dataset read in place: its `index.json` orders the
+/// chunks (here against their keys' order), each chunk's header is checked
+/// from a ranged read and skipped, and what does not fit is refused by
+/// name, creating nothing.
+#[test]
+fn a_litdata_token_dataset_is_read_in_its_index_order_past_its_chunk_headers() {
+    use sluice_proto::litdata::{write_chunk, write_index};
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    s3.create_bucket("train");
+    let sequence = |seed: u64, tokens: usize| -> Vec<u8> { bytes_of(4 * tokens, seed) };
+    let first = [sequence(1, 700), sequence(2, 333)];
+    let second = [sequence(3, 50_000)];
+    s3.put("train", "lit/chunk-0-0.bin", &write_chunk(&second));
+    s3.put("train", "lit/chunk-1-0.bin", &write_chunk(&first));
+    let index =
+        write_index("no_header_tensor:16", "TokensLoader", &[("chunk-1-0.bin", 2, 1033), ("chunk-0-0.bin", 1, 50_000)]);
+    s3.put("train", "lit/index.json", index.as_bytes());
+    let expected = [first.concat(), second.concat()].concat();
+
+    let node = node_for(&s3, dir.path());
+    let refused = node.ctl(&["dataset", "create", "l16", "--kind", "tokens:u16", "--source", "s3://train/lit/"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("go into a tokens:u32 dataset, not tokens:u16"), "{said}");
+    node.ctl_ok(&["dataset", "create", "l", "--kind", "tokens:u32", "--source", "s3://train/lit/"]);
+    assert_eq!(stat(&node, "l")["length_bytes"], expected.len() as u64);
+    let dataset = Client::connect(&node.endpoint).expect("connect").open("l").expect("open");
+    let whole = [(0, expected.len() as u32)];
+    assert_exact(&expected, &whole, &read(&dataset, &whole));
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(21);
+    let ranges = random_ranges(&mut rng, expected.len(), 64);
+    assert_exact(&expected, &ranges, &read(&dataset, &ranges));
+    // Warmed, it hashes as the same directory ingested by `sluicectl` does.
+    let local = dir.path().join("lit");
+    std::fs::create_dir(&local).expect("a directory");
+    std::fs::write(local.join("chunk-0-0.bin"), write_chunk(&second)).expect("written");
+    std::fs::write(local.join("chunk-1-0.bin"), write_chunk(&first)).expect("written");
+    std::fs::write(local.join("index.json"), &index).expect("written");
+    node.ctl_ok(&["dataset", "create", "lit-local", "--kind", "tokens:u32"]);
+    node.ctl_ok(&["dataset", "ingest", "lit-local", local.to_str().expect("utf-8 path")]);
+    node.ctl_ok(&["dataset", "seal", "lit-local"]);
+    assert!(node.ctl_ok(&["dataset", "warm", "l"]).contains("is warm"));
+    let (warmed, ingested) = (stat(&node, "l"), stat(&node, "lit-local"));
+    assert_eq!(warmed["content_hash"], ingested["content_hash"]);
+    assert_eq!(ingested["length_bytes"], expected.len() as u64);
+
+    // A stray object, a chunk cut short, a chunk the index names that is
+    // not there: each refused by name.
+    s3.put("train", "stray/index.json", index.as_bytes());
+    s3.put("train", "stray/chunk-0-0.bin", &write_chunk(&second));
+    s3.put("train", "stray/chunk-1-0.bin", &write_chunk(&first));
+    s3.put("train", "stray/README.md", b"tokenized with the GPT-2 tokenizer\n");
+    s3.put("train", "cut/index.json", index.as_bytes());
+    s3.put("train", "cut/chunk-0-0.bin", &write_chunk(&second)[..1000]);
+    s3.put("train", "cut/chunk-1-0.bin", &write_chunk(&first));
+    s3.put("train", "gone/index.json", index.as_bytes());
+    s3.put("train", "gone/chunk-1-0.bin", &write_chunk(&first));
+    for (prefix, why) in [
+        ("stray", "stray/README.md: not a chunk"),
+        ("cut", "cut/chunk-0-0.bin: LitData chunk: its offsets end at byte 200012, the file has 1000"),
+        ("gone", "names chunk s3://train/gone/chunk-0-0.bin, which the source does not hold"),
+    ] {
+        let refused = node.ctl(&[
+            "dataset",
+            "create",
+            prefix,
+            "--kind",
+            "tokens:u32",
+            "--source",
+            &format!("s3://train/{prefix}/"),
+        ]);
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && said.contains(why), "{prefix}: {said}");
+        let listed = node.ctl_ok(&["dataset", "ls"]);
+        assert!(!listed.lines().any(|line| line.starts_with(prefix)), "{prefix} was created: {listed}");
+    }
+}
+
 /// Two servers on one host are two sources: objects of one name on
 /// either, read over `http://` in one dataset, come each from its own
 /// server, not both from the first one asked.

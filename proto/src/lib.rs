@@ -11,6 +11,7 @@ pub mod api;
 pub mod codec;
 pub mod geometry;
 pub mod lane;
+pub mod litdata;
 pub mod mds;
 pub mod npy;
 pub mod sample_index;

@@ -6,7 +6,9 @@
 
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use sluice_proto::api::{CacheReport, DatasetSource, SourceObject};
+use sluice_proto::litdata;
 use sluice_proto::mds::MdsIndexer;
 use sluice_proto::npy;
 use sluice_proto::tar::TarIndexer;
@@ -440,7 +442,10 @@ async fn shape(
 ) -> Result<Shaped, ControlError> {
     let elem = kind.element_size_bytes();
     if kind.npy_dtypes().is_some() {
-        refuse_mixed_arrays(&objects)?;
+        match objects.iter().position(|object| object.url.ends_with("/index.json")) {
+            Some(index_at) => objects = litdata_chunks(sources, kind, objects, index_at).await?,
+            None => refuse_mixed_arrays(&objects)?,
+        }
     }
     if kind == DatasetKind::Mds {
         // Mosaic's index.json lies beside the shards it lists; each shard's
@@ -527,6 +532,58 @@ fn refuse_mixed_arrays(objects: &[SourceObject]) -> Result<(), ControlError> {
             array.url
         ),
     ))
+}
+
+/// A LitData token dataset's chunks (see [`sluice_proto::litdata`]), from
+/// the `index.json` at `index_at` among `objects`: in the index's order,
+/// each past its header, checked against the index from a ranged read of
+/// the header alone. Every other object is refused by name, as a prefix
+/// of `.npy` arrays refuses its strays.
+async fn litdata_chunks(
+    sources: &Sources,
+    kind: DatasetKind,
+    mut objects: Vec<SourceObject>,
+    index_at: usize,
+) -> Result<Vec<SourceObject>, ControlError> {
+    let index_object = objects.remove(index_at);
+    if index_object.size_bytes == 0 || index_object.size_bytes > litdata::INDEX_BYTES_MAX {
+        let why = format!(
+            "{} bytes; a LitData index.json is 1 to {} bytes",
+            index_object.size_bytes,
+            litdata::INDEX_BYTES_MAX
+        );
+        return Err(bad_object(&index_object, why));
+    }
+    let json = sources.fetch(&index_object, 0..index_object.size_bytes).await?;
+    let index = litdata::TokenIndex::parse(&json).map_err(|e| bad_object(&index_object, e))?;
+    index.check_kind(kind).map_err(|e| bad_object(&index_object, e))?;
+    let dir = index_object.url.trim_end_matches("index.json");
+    let mut chunks = Vec::with_capacity(index.chunks.len());
+    for entry in &index.chunks {
+        let url = format!("{dir}{}", entry.filename);
+        let Some(at) = objects.iter().position(|object| object.url == url) else {
+            let why = format!("names chunk {url}, which the source does not hold (or which it names twice)");
+            return Err(bad_object(&index_object, why));
+        };
+        let mut object = objects.swap_remove(at);
+        let header_end = entry.header_bytes().min(object.size_bytes);
+        let header = if header_end == 0 { Bytes::new() } else { sources.fetch(&object, 0..header_end).await? };
+        let data_bytes = entry
+            .check_header(&header, object.size_bytes, index.token_bytes)
+            .map_err(|e| bad_object(&object, format!("LitData chunk: {e}")))?;
+        object.data_offset_bytes = entry.header_bytes();
+        object.data_bytes = data_bytes;
+        chunks.push(object);
+    }
+    if let Some(stray) = objects.first() {
+        let why = format!(
+            "not a chunk {} names: a LitData dataset's objects are its index.json and the chunks it lists; name \
+             its directory alone",
+            index_object.url
+        );
+        return Err(bad_object(stray, why));
+    }
+    Ok(chunks)
 }
 
 fn bad_object(object: &SourceObject, why: impl std::fmt::Display) -> ControlError {
