@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """sluice.torch next to the loaders PyTorch users reach for, on the same
 samples, in one run: Mosaic Streaming (MDS written locally), LitData
-(``litdata.optimize`` locally) and WebDataset (tar shards), each through a
-DataLoader with the same workers and batch size; and sluice.torch again
-over the very MDS shards Mosaic reads (an ``mds`` dataset, decoded by
-Mosaic's own decoders).
+(``litdata.optimize`` locally, one item a sample, and for windows also
+token chunks read by ``TokensLoader`` as LitGPT reads them) and WebDataset
+(tar shards), each through a DataLoader with the same workers and batch
+size; and sluice.torch again over the very MDS shards Mosaic reads (an
+``mds`` dataset, decoded by its columns) and over the very token chunks
+LitData reads (ingested by ``sluicectl`` from LitData's directory).
 
 Two workloads: random token windows (fixed windows of ``--window`` uint16
 tokens, one sample each for the peers; sluice reads them from one token
@@ -159,11 +161,16 @@ def mosaic_rows(kind, directory, args):
     return _resumable_rows(loader, args, 1, at_resume_step)
 
 
-def litdata_rows(kind, directory, args):
+def litdata_rows(kind, directory, args, tokens=False):
+    """LitData over its own chunks: one item a sample, or (``tokens``)
+    blocks of ``--window`` tokens cut by ``TokensLoader`` from token
+    chunks, as LitGPT reads its pretraining data."""
     from litdata import StreamingDataLoader, StreamingDataset
+    from litdata.streaming.item_loader import TokensLoader
 
     def loader(state=None):
-        ds = StreamingDataset(str(directory), shuffle=True, seed=1)
+        item_loader = TokensLoader(block_size=args.window) if tokens else None
+        ds = StreamingDataset(str(directory), item_loader=item_loader, shuffle=True, seed=1)
         collate = _collate(kind) if kind == "windows" else _lit_records
         dl = StreamingDataLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=collate)
         if state is not None:
@@ -191,7 +198,10 @@ def wds_rows(shards, args, decode):
     return to_first, rate, None, None
 
 
-SYSTEMS = ("sluice.torch", "sluice.torch (Mosaic's MDS shards)", "Mosaic Streaming (MDS)", "LitData", "WebDataset")
+SYSTEMS = ("sluice.torch", "sluice.torch (Mosaic's MDS shards)", "sluice.torch (LitData's token chunks)",
+           "Mosaic Streaming (MDS)", "LitData", "LitData (TokensLoader)", "WebDataset")
+# Token chunks hold windows alone.
+WINDOWS_ONLY = ("sluice.torch (LitData's token chunks)", "LitData (TokensLoader)")
 
 
 def measure(system, kind, work, args):
@@ -201,6 +211,10 @@ def measure(system, kind, work, args):
         return sluice_rows(node, kind, "toks" if kind == "windows" else "recs", args)
     if system == "sluice.torch (Mosaic's MDS shards)":
         return sluice_rows(Node.attach(work), kind, f"mds-{kind}", args, mds=True)
+    if system == "sluice.torch (LitData's token chunks)":
+        return sluice_rows(Node.attach(work), kind, "lit-toks", args)
+    if system == "LitData (TokensLoader)":
+        return litdata_rows(kind, work / "lit-tokens", args, tokens=True)
     if system == "Mosaic Streaming (MDS)":
         return mosaic_rows(kind, work / f"mds-{kind}", args)
     if system == "LitData":
@@ -241,11 +255,27 @@ def prepare(work, args):
         node.ctl("dataset", "ingest", f"mds-{kind}", *map(str, sorted((work / f"mds-{kind}").glob("shard.*.mds"))))
         node.ctl("dataset", "seal", f"mds-{kind}")
 
+    import contextlib
+
     import litdata
 
+    # optimize's chatter would land in the table on stdout.
+    quiet = contextlib.redirect_stdout(sys.stderr)
+    quiet.__enter__()
     for kind, samples, fn in (("windows", [w.copy() for w in windows], _identity), ("records", records, _as_item)):
         litdata.optimize(fn=fn, inputs=samples, output_dir=str(work / f"lit-{kind}"), chunk_bytes="64MB",
                          num_workers=1, mode="overwrite")
+
+    # The same tokens as LitData token chunks (64 runs, about 8 Mi tokens
+    # a chunk), and those very chunks ingested by sluicectl.
+    from litdata.streaming.item_loader import TokensLoader
+
+    litdata.optimize(fn=_identity, inputs=list(np.array_split(tokens, 64)), output_dir=str(work / "lit-tokens"),
+                     chunk_size=args.window * 8192, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    node.ctl("dataset", "create", "lit-toks", "--kind", "tokens:u16")
+    node.ctl("dataset", "ingest", "lit-toks", str(work / "lit-tokens"))
+    node.ctl("dataset", "seal", "lit-toks")
+    quiet.__exit__(None, None, None)
 
     import webdataset as wds
 
@@ -281,7 +311,7 @@ def main():
         node = prepare(work, args)
         try:
             for kind in ("windows", "records"):
-                for system in SYSTEMS:
+                for system in (s for s in SYSTEMS if kind == "windows" or s not in WINDOWS_ONLY):
                     # Each in a process of its own: no system inherits
                     # another's workers, shared memory or page-cache warmth
                     # beyond the files themselves.
