@@ -557,7 +557,9 @@ async fn litdata_chunks(
     let json = sources.fetch(&index_object, 0..index_object.size_bytes).await?;
     let index = litdata::TokenIndex::parse(&json).map_err(|e| bad_object(&index_object, e))?;
     index.check_kind(kind).map_err(|e| bad_object(&index_object, e))?;
-    let dir = index_object.url.trim_end_matches("index.json");
+    // The index's URL ends with `/index.json` (how it was found): its
+    // directory is the rest, to the `/`.
+    let dir = index_object.url.strip_suffix("index.json").unwrap_or(&index_object.url);
     let mut chunks = Vec::with_capacity(index.chunks.len());
     for entry in &index.chunks {
         let url = format!("{dir}{}", entry.filename);
