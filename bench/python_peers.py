@@ -260,22 +260,21 @@ def prepare(work, args):
     import litdata
 
     # optimize's chatter would land in the table on stdout.
-    quiet = contextlib.redirect_stdout(sys.stderr)
-    quiet.__enter__()
-    for kind, samples, fn in (("windows", [w.copy() for w in windows], _identity), ("records", records, _as_item)):
-        litdata.optimize(fn=fn, inputs=samples, output_dir=str(work / f"lit-{kind}"), chunk_bytes="64MB",
-                         num_workers=1, mode="overwrite")
+    with contextlib.redirect_stdout(sys.stderr):
+        items = (("windows", [w.copy() for w in windows], _identity), ("records", records, _as_item))
+        for kind, samples, fn in items:
+            litdata.optimize(fn=fn, inputs=samples, output_dir=str(work / f"lit-{kind}"), chunk_bytes="64MB",
+                             num_workers=1, mode="overwrite")
 
-    # The same tokens as LitData token chunks (64 runs, about 8 Mi tokens
-    # a chunk), and those very chunks ingested by sluicectl.
-    from litdata.streaming.item_loader import TokensLoader
+        # The same tokens as LitData token chunks (64 runs, about 8 Mi tokens
+        # a chunk), and those very chunks ingested by sluicectl.
+        from litdata.streaming.item_loader import TokensLoader
 
-    litdata.optimize(fn=_identity, inputs=list(np.array_split(tokens, 64)), output_dir=str(work / "lit-tokens"),
-                     chunk_size=args.window * 8192, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
-    node.ctl("dataset", "create", "lit-toks", "--kind", "tokens:u16")
-    node.ctl("dataset", "ingest", "lit-toks", str(work / "lit-tokens"))
-    node.ctl("dataset", "seal", "lit-toks")
-    quiet.__exit__(None, None, None)
+        litdata.optimize(fn=_identity, inputs=list(np.array_split(tokens, 64)), output_dir=str(work / "lit-tokens"),
+                         chunk_size=args.window * 8192, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+        node.ctl("dataset", "create", "lit-toks", "--kind", "tokens:u16")
+        node.ctl("dataset", "ingest", "lit-toks", str(work / "lit-tokens"))
+        node.ctl("dataset", "seal", "lit-toks")
 
     import webdataset as wds
 
