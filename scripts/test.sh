@@ -50,10 +50,15 @@ $SUDO apt-get install -y -q --no-install-recommends \
     clang libbpf-dev libibverbs-dev librdmacm-dev \
     qemu-system-x86 busybox-static cpio kmod iproute2 rdma-core ibverbs-utils perftest nvme-cli procps \
     nbdkit nginx-light wrk valgrind fonts-dejavu-core etcd-server etcd-client openssl mount e2fsprogs
+# Node.js and npm run Azurite, the Azure Blob Storage emulator (below);
+# Debian's where the machine has no npm of its own.
+if ! command -v npm >/dev/null 2>&1; then
+    $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+fi
 # The downloaded packages are installed; their copies only take disk.
 $SUDO apt-get clean
 
-step "Python environments (in the background)"
+step "Python environments and Azurite (in the background)"
 # Their downloads, torch's 3 GB among them, wait on the network while the
 # Rust builds below use the cores.
 # target/s3env: moto's S3-compatible server for the source-backed dataset
@@ -74,11 +79,19 @@ venv target/s3env 'moto[server]>=5,<6' >target/s3env.log 2>&1 &
 S3ENV_JOB=$!
 { venv target/pybuild 'maturin>=1.5,<2' && venv target/pyenv pytest torch torchdata webdataset pillow mosaicml-streaming litdata; } >target/pyenv.log 2>&1 &
 PYENV_JOB=$!
+# target/azurite: Azurite, Microsoft's Azure Blob Storage emulator, from the
+# npm registry, for the source tests of az:// datasets: 3.35, the newest
+# that runs on Debian's Node.js 18 and this machine's 20. npm's cache goes
+# when the install ends (nothing is written twice).
+rm -rf target/azurite target/npm-cache
+{ NPM_CONFIG_CACHE="$PWD/target/npm-cache" npm install -q --prefix target/azurite --no-audit --no-fund \
+    azurite@3.35.0 && rm -rf target/npm-cache; } >target/azurite.log 2>&1 &
+AZURITE_JOB=$!
 # await JOB LOG: the job's failure fails the run, with its log.
 await() {
     if ! wait "$1"; then
         cat "$2" >&2
-        echo "setting up a Python environment failed (log above: $2)" >&2
+        echo "setting up a test environment failed (log above: $2)" >&2
         exit 1
     fi
 }
@@ -107,14 +120,16 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "layout (the crates' dependency rules)"
 bash scripts/check-layout.sh
 
-step "S3-compatible server (moto, from PyPI) for the source-backed dataset tests"
+step "object stores for the source-backed dataset tests (moto from PyPI, Azurite from npm)"
 await "$S3ENV_JOB" target/s3env.log
 export SLUICE_MOTO_SERVER="$PWD/target/s3env/bin/moto_server"
+await "$AZURITE_JOB" target/azurite.log
+export SLUICE_AZURITE="$PWD/target/azurite/node_modules/.bin/azurite-blob"
 
 step "tests"
 # The cluster tests fail rather than skip when etcd is missing here, and
-# the source tests when moto is.
-SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
+# the source tests when moto or Azurite is.
+SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 SLUICE_AZURE_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
 step "the Python module's RDMA build (the rig's guests run it; the wheel carries it)"
 # The same command the rig would run (hw-tests/src/rig/sluice.rs), made

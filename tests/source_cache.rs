@@ -9,20 +9,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::reads::{assert_exact, bytes_of, random_ranges, read, stat};
 use common::s3::{Fault, S3};
 use common::{npy_u16, NodeProcess};
 use rand::{Rng, SeedableRng};
-use sluice_client::blocking::{Client, Dataset};
-use sluice_client::{RangeStatus, ReadRange};
+use sluice_client::blocking::Client;
+use sluice_client::RangeStatus;
 
 const CHUNK: usize = 64 * 1024;
-
-fn bytes_of(len: usize, seed: u64) -> Vec<u8> {
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut data = vec![0u8; len];
-    rng.fill(&mut data[..]);
-    data
-}
 
 /// A node pointed at `s3` whose fetches give up fast (tests of faults
 /// wait on timeouts and retries).
@@ -35,46 +29,6 @@ fn node_with(s3: &S3, dir: &std::path::Path, more: &str) -> NodeProcess {
     let config = dir.join("sluiced.toml");
     std::fs::write(&config, format!("source_timeout_ms = 1500\nsource_retries = 4\n{more}")).expect("config");
     NodeProcess::start_with_env(&dir.join("node"), &["--config", config.to_str().expect("utf-8 path")], &s3.env())
-}
-
-/// Reads `ranges` and gives each one's status and bytes.
-fn read(dataset: &Dataset, ranges: &[(u64, u32)]) -> Vec<(RangeStatus, Vec<u8>)> {
-    let mut dest = 0;
-    let batch: Vec<ReadRange> = ranges
-        .iter()
-        .map(|&(offset, len)| {
-            let range = ReadRange { offset, len, dest };
-            dest += u64::from(len);
-            range
-        })
-        .collect();
-    let mut buf = vec![0u8; dest as usize];
-    let statuses = dataset.read_batch(&batch, &mut buf).expect("batch");
-    batch
-        .iter()
-        .zip(statuses)
-        .map(|(r, s)| (s, buf[r.dest as usize..(r.dest + u64::from(r.len)) as usize].to_vec()))
-        .collect()
-}
-
-fn random_ranges(rng: &mut impl Rng, len: usize, count: usize) -> Vec<(u64, u32)> {
-    (0..count)
-        .map(|_| {
-            let size = rng.gen_range(1..=100_000u32).min(len as u32);
-            (rng.gen_range(0..=(len - size as usize) as u64), size)
-        })
-        .collect()
-}
-
-fn assert_exact(expected: &[u8], ranges: &[(u64, u32)], got: &[(RangeStatus, Vec<u8>)]) {
-    for (&(offset, len), (status, bytes)) in ranges.iter().zip(got) {
-        assert_eq!(*status, RangeStatus::Ok, "{len} bytes at {offset}");
-        assert!(bytes[..] == expected[offset as usize..offset as usize + len as usize], "{len} bytes at {offset}");
-    }
-}
-
-fn stat(node: &NodeProcess, name: &str) -> serde_json::Value {
-    serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "stat", name])).expect("stat json")
 }
 
 /// Every kind from a source: random unaligned ranges of a cold dataset

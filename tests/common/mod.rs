@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+pub mod azure;
 pub mod etcd;
 #[path = "../../ebpf/tests/hostile/compile.rs"]
 mod hostile;
 pub mod loopdev;
 pub mod pki;
+pub mod reads;
 pub mod s3;
 
 /// A `sluiced` child process, killed when dropped.
@@ -282,6 +284,48 @@ pub fn assert_socket_io(node: &NodeProcess, socket_io: &[&str]) {
 /// its server serves there and chooses again (`s3.rs`, `etcd.rs`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Starts a server that is told its port on a port free now: `spawn`
+/// starts it on `port` with its stderr going to `log`, and `serves` says
+/// whether it answers there as it should. A server that takes a while to
+/// bind may lose the port to another test in that gap (it then exits, or a
+/// bare connect reaches someone else), so a start counts only when the
+/// server still runs and answers as itself, and a lost port is chosen again.
+/// After five tries the test fails with `what` and the server's last words.
+pub fn start_on_free_port(
+    what: &str,
+    limit: Duration,
+    mut spawn: impl FnMut(u16, Stdio) -> Child,
+    serves: impl Fn(u16) -> bool,
+) -> (Child, u16) {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().expect("server log");
+        let mut child = spawn(port, Stdio::from(log.reopen().expect("server log")));
+        let deadline = Instant::now() + limit;
+        let why = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break format!("it exited ({status})"),
+                Err(e) => break e.to_string(),
+                Ok(None) => {}
+            }
+            if serves(port) {
+                return (child, port);
+            }
+            if Instant::now() >= deadline {
+                break format!("no answer within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+        assert!(tries < 5, "{what} did not serve on a port of its own in {tries} tries; last: {why}\n{said}");
+        eprintln!("{what} on port {port}: {why}; choosing another port");
+    }
 }
 
 /// Waits up to `seconds` for `check` to hold.

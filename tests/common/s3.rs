@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
@@ -70,37 +70,20 @@ impl S3 {
             eprintln!("skipped: {why}");
             return None;
         };
-        // The port is chosen free, then given to moto, a Python server that
-        // takes a second or more to bind it: in that gap another test's
-        // listener can take it (moto then exits), and a bare TCP connect
-        // can even reach itself. So a start counts only when moto is still
-        // running and the port answers as S3 does, and a lost port is
-        // chosen again.
-        let mut tries = 0;
-        let (moto, port) = loop {
-            tries += 1;
-            let port = super::free_port();
-            let log = tempfile::NamedTempFile::new().expect("moto log");
-            let mut moto = Command::new(&binary)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(log.reopen().expect("moto log"))
-                .spawn()
-                .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
-            match await_s3(&mut moto, port, Duration::from_secs(60)) {
-                Ok(()) => break (moto, port),
-                Err(why) => {
-                    let _ = moto.kill();
-                    let _ = moto.wait();
-                    let said = std::fs::read_to_string(log.path()).unwrap_or_default();
-                    assert!(
-                        tries < 5,
-                        "moto did not serve S3 on a port of its own in {tries} tries; last: {why}\n{said}"
-                    );
-                    eprintln!("moto on port {port}: {why}; choosing another port");
-                }
-            }
-        };
+        // moto, a Python server, takes a second or more to bind its port.
+        let (moto, port) = super::start_on_free_port(
+            "moto",
+            Duration::from_secs(60),
+            |port, log| {
+                Command::new(&binary)
+                    .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()))
+            },
+            serves_s3,
+        );
         let proxy = TcpListener::bind("127.0.0.1:0").expect("proxy");
         let proxy_port = proxy.local_addr().expect("proxy addr").port();
         let s3 = Self {
@@ -207,27 +190,14 @@ impl Drop for S3 {
     }
 }
 
-/// Waits until `moto` answers `GET /` on `port` with S3's bucket listing,
-/// or says why not: it exited (the port was taken), or the time ran out.
-fn await_s3(moto: &mut Child, port: u16, limit: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = moto.try_wait().map_err(|e| e.to_string())? {
-            return Err(format!("moto exited ({status})"));
-        }
-        let answer = ureq::get(&format!("http://127.0.0.1:{port}/"))
-            .timeout(Duration::from_secs(5))
-            .call()
-            .ok()
-            .and_then(|r| r.into_string().ok());
-        if answer.is_some_and(|body| body.contains("ListAllMyBucketsResult")) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("no S3 answer on {port} within {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Whether `port` answers `GET /` with S3's bucket listing, as moto does.
+fn serves_s3(port: u16) -> bool {
+    ureq::get(&format!("http://127.0.0.1:{port}/"))
+        .timeout(Duration::from_secs(5))
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .is_some_and(|body| body.contains("ListAllMyBucketsResult"))
 }
 
 fn runtime() -> tokio::runtime::Runtime {

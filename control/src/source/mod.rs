@@ -209,7 +209,7 @@ impl Sources {
                         .with_retry(retry)
                         .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), timeout)
                         .build()
-                        .map_err(err)?,
+                        .map_err(|e| format!("{e}{AZURE_ACCOUNT_HINT}"))?,
                 )
             }
             "http" | "https" => {
@@ -340,7 +340,7 @@ async fn fetch_once(
     };
     // A store that ignores If-Match still says which version it sent.
     if let (Some(pinned), Some(got)) = (&object.e_tag, &result.meta.e_tag) {
-        if pinned != got {
+        if !same_etag(pinned, got) {
             return Err(changed(format!("ETag {got}, pinned {pinned}")));
         }
     }
@@ -353,6 +353,18 @@ async fn fetch_once(
         return Err(Attempt::Passing(format!("a body of {} bytes for {asked} asked", bytes.len())));
     }
     Ok(bytes)
+}
+
+/// Whether a response's ETag names the version pinned: the same tag,
+/// quoted or not. Stores differ in what their listings say, where the
+/// pinned tag comes from: S3's and GCS's are quoted as HTTP writes them,
+/// Azure's are bare (`0x8DC…`) though the `ETag` headers of its responses
+/// are quoted, and `object_store`'s local files have bare tags throughout.
+/// (The pinned tag goes into `If-Match` as its store gave it, which that
+/// store matches.)
+fn same_etag(pinned: &str, got: &str) -> bool {
+    let unquoted = |tag: &'_ str| tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(tag).to_owned();
+    unquoted(pinned) == unquoted(got)
 }
 
 fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Attempt) -> Attempt {
@@ -415,6 +427,14 @@ fn object_url(base: &Url, location: &Path) -> String {
     }
     url.into()
 }
+
+/// What to do where no Azure store could be made: nearly always no
+/// account was named, and `object_store`'s words for that name no
+/// variable.
+const AZURE_ACCOUNT_HINT: &str = "; give the node its storage account in AZURE_STORAGE_ACCOUNT_NAME (with \
+     AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, a service principal's AZURE_CLIENT_ID, \
+     AZURE_CLIENT_SECRET and AZURE_TENANT_ID, a workload identity or a managed identity), or in the URL \
+     (abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...); AZURE_STORAGE_USE_EMULATOR=true for Azurite";
 
 /// What to do where an S3 request failed and the node's environment names
 /// an AWS profile but no credentials `object_store` reads: it reads no

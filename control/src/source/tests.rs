@@ -315,3 +315,15 @@ fn an_aws_profile_without_credentials_is_named_in_s3_errors() {
     assert!(credentials_hint("s3://b/k", env(&[])).is_none());
     assert!(credentials_hint("gs://b/k", env(&["AWS_PROFILE"])).is_none());
 }
+
+#[test]
+fn etags_compare_by_their_tag_quoted_or_not() {
+    assert!(same_etag("\"0x8DC1\"", "\"0x8DC1\""));
+    assert!(same_etag("0x8DC1", "\"0x8DC1\""), "Azure: bare in a listing, quoted in a response");
+    assert!(same_etag("\"0x8DC1\"", "0x8DC1"));
+    assert!(same_etag("5f-1a-40", "5f-1a-40"));
+    assert!(same_etag("W/\"0x8DC1\"", "W/\"0x8DC1\""));
+    assert!(!same_etag("0x8DC1", "\"0x8DC2\""));
+    assert!(!same_etag("\"0x8DC1", "0x8DC1"), "an unbalanced quote is part of the tag");
+    assert!(!same_etag("\"0x8DC1\"", "W/\"0x8DC1\""));
+}
