@@ -20,9 +20,7 @@ const CHUNK: usize = 64 * 1024;
 
 /// A node pointed at `azurite`, whose fetches give up fast.
 fn node_for(azurite: &Azurite, dir: &std::path::Path) -> NodeProcess {
-    let config = dir.join("sluiced.toml");
-    std::fs::write(&config, "source_timeout_ms = 1500\nsource_retries = 2\n").expect("config");
-    NodeProcess::start_with_env(&dir.join("node"), &["--config", config.to_str().expect("utf-8 path")], &azurite.env())
+    common::source_node(dir, &azurite.env(), "")
 }
 
 /// Blobs under a prefix (bytes) and `.npy` arrays (tokens) read back

@@ -18,17 +18,9 @@ use sluice_client::RangeStatus;
 
 const CHUNK: usize = 64 * 1024;
 
-/// A node pointed at `s3` whose fetches give up fast (tests of faults
-/// wait on timeouts and retries).
+/// A node pointed at `s3` whose fetches give up fast.
 fn node_for(s3: &S3, dir: &std::path::Path) -> NodeProcess {
-    node_with(s3, dir, "")
-}
-
-/// As [`node_for`], with more config lines.
-fn node_with(s3: &S3, dir: &std::path::Path, more: &str) -> NodeProcess {
-    let config = dir.join("sluiced.toml");
-    std::fs::write(&config, format!("source_timeout_ms = 1500\nsource_retries = 4\n{more}")).expect("config");
-    NodeProcess::start_with_env(&dir.join("node"), &["--config", config.to_str().expect("utf-8 path")], &s3.env())
+    common::source_node(dir, &s3.env(), "")
 }
 
 /// Every kind from a source: random unaligned ranges of a cold dataset
@@ -311,7 +303,7 @@ fn two_servers_on_one_host_are_two_sources() {
         "source_allow = [\"http://127.0.0.1:{}/train/\", \"http://127.0.0.1:{}/train/\"]\n",
         first.moto_port, second.moto_port
     );
-    let node = node_with(&first, dir.path(), &allow);
+    let node = common::source_node(dir.path(), &first.env(), &allow);
     let urls = format!(
         "http://127.0.0.1:{}/train/part.bin,http://127.0.0.1:{}/train/part.bin",
         first.moto_port, second.moto_port
@@ -472,7 +464,7 @@ fn under_a_budget_smaller_than_the_dataset_reads_stay_exact_and_pinned_and_inges
     let ingested_file = dir.path().join("ingested.bin");
     std::fs::write(&ingested_file, bytes_of(10 * CHUNK, 33)).expect("write");
     let budget = 16 * CHUNK;
-    let node = node_with(&s3, dir.path(), &format!("cache_bytes_max = {budget}\n"));
+    let node = common::source_node(dir.path(), &s3.env(), &format!("cache_bytes_max = {budget}\n"));
     node.ctl_ok(&["dataset", "create", "big", "--kind", "bytes", "--source", "s3://budget/big"]);
     node.ctl_ok(&["dataset", "create", "small", "--kind", "bytes", "--source", "s3://budget/small"]);
     common::sealed_dataset(&node, "ingested", &[ingested_file.as_path()]);

@@ -6,7 +6,6 @@
 //! `AZURITE_BLOB_STORAGE_URL`); the test makes and changes blobs with
 //! `object_store`'s own Azure client.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
@@ -21,21 +20,6 @@ const ACCOUNT_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UV
 /// The REST API version the container requests name.
 const API_VERSION: &str = "2021-08-06";
 
-/// Where Azurite's blob server is: `SLUICE_AZURITE`, the suite's own
-/// install (`target/azurite`), or the PATH.
-fn azurite_binary() -> Option<PathBuf> {
-    if let Ok(path) = std::env::var("SLUICE_AZURITE") {
-        return Some(PathBuf::from(path));
-    }
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/azurite/node_modules/.bin/azurite-blob");
-    if local.exists() {
-        return Some(local);
-    }
-    let found = Command::new("sh").args(["-c", "command -v azurite-blob"]).output().ok()?;
-    let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
-    (!path.is_empty()).then(|| PathBuf::from(path))
-}
-
 /// An Azurite blob server, gone on drop with everything it held (it keeps
 /// its blobs in memory).
 pub struct Azurite {
@@ -48,7 +32,9 @@ impl Azurite {
     /// what is missing and skips) where it is not installed, unless
     /// `SLUICE_AZURE_REQUIRE=1`, as in CI, where that fails the test.
     pub fn start() -> Option<Self> {
-        let Some(binary) = azurite_binary() else {
+        // The suite's own install, or SLUICE_AZURITE, or the PATH.
+        let installed = "target/azurite/node_modules/.bin/azurite-blob";
+        let Some(binary) = super::program("SLUICE_AZURITE", installed, "azurite-blob") else {
             let why = "azurite-blob is not installed (npm install azurite, or set SLUICE_AZURITE)";
             assert!(std::env::var("SLUICE_AZURE_REQUIRE").as_deref() != Ok("1"), "{why}");
             eprintln!("skipped: {why}");

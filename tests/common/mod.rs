@@ -279,6 +279,31 @@ pub fn assert_socket_io(node: &NodeProcess, socket_io: &[&str]) {
     assert_eq!(node.io_uring_count(), rings, "io_uring instances of a node started with {socket_io:?}");
 }
 
+/// Where a test server's program is: the path in `env_var`, else the
+/// suite's own install at `installed` (under the repository, where
+/// `scripts/test.sh` puts it), else `command` on the PATH.
+pub fn program(env_var: &str, installed: &str, command: &str) -> Option<PathBuf> {
+    if let Ok(path) = std::env::var(env_var) {
+        return Some(PathBuf::from(path));
+    }
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(installed);
+    if local.exists() {
+        return Some(local);
+    }
+    let found = Command::new("sh").args(["-c", &format!("command -v {command}")]).output().ok()?;
+    let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// A node that reads source-backed datasets with `env` (where its object
+/// store is, and its credentials), whose fetches give up fast (tests of
+/// faults wait on timeouts and retries), with `more` config lines.
+pub fn source_node(dir: &Path, env: &[(String, String)], more: &str) -> NodeProcess {
+    let config = dir.join("sluiced.toml");
+    std::fs::write(&config, format!("source_timeout_ms = 1500\nsource_retries = 4\n{more}")).expect("config");
+    NodeProcess::start_with_env(&dir.join("node"), &["--config", config.to_str().expect("utf-8 path")], env)
+}
+
 /// A loopback TCP port free now. A server given it binds it a moment
 /// later, when another test may have taken it; a slow starter checks that
 /// its server serves there and chooses again (`s3.rs`, `etcd.rs`).

@@ -7,7 +7,6 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,21 +30,6 @@ pub enum Fault {
     Stall(Duration),
 }
 
-/// Where the moto binary is: `SLUICE_MOTO_SERVER`, the suite's own venv,
-/// or the PATH.
-fn moto_binary() -> Option<PathBuf> {
-    if let Ok(path) = std::env::var("SLUICE_MOTO_SERVER") {
-        return Some(PathBuf::from(path));
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/s3env/bin/moto_server");
-    if venv.exists() {
-        return Some(venv);
-    }
-    let found = Command::new("sh").args(["-c", "command -v moto_server"]).output().ok()?;
-    let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
-    (!path.is_empty()).then(|| PathBuf::from(path))
-}
-
 /// A moto server and the fault proxy in front of it, both gone on drop.
 pub struct S3 {
     moto: Child,
@@ -64,7 +48,7 @@ impl S3 {
     /// what is missing and skips) where moto is not installed, unless
     /// `SLUICE_S3_REQUIRE=1`, as in CI, where that fails the test.
     pub fn start() -> Option<Self> {
-        let Some(binary) = moto_binary() else {
+        let Some(binary) = super::program("SLUICE_MOTO_SERVER", "target/s3env/bin/moto_server", "moto_server") else {
             let why = "moto_server is not installed (pip install 'moto[server]', or set SLUICE_MOTO_SERVER)";
             assert!(std::env::var("SLUICE_S3_REQUIRE").as_deref() != Ok("1"), "{why}");
             eprintln!("skipped: {why}");
