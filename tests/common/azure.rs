@@ -33,8 +33,8 @@ impl Azurite {
     /// `SLUICE_AZURE_REQUIRE=1`, as in CI, where that fails the test.
     pub fn start() -> Option<Self> {
         // The suite's own install, or SLUICE_AZURITE, or the PATH.
-        let installed = "target/azurite/node_modules/.bin/azurite-blob";
-        let Some(binary) = super::program("SLUICE_AZURITE", installed, "azurite-blob") else {
+        let installed = super::in_repo("target/azurite/node_modules/.bin/azurite-blob");
+        let Some(binary) = super::program("SLUICE_AZURITE", Some(installed), "azurite-blob") else {
             let why = "azurite-blob is not installed (npm install azurite, or set SLUICE_AZURITE)";
             assert!(std::env::var("SLUICE_AZURE_REQUIRE").as_deref() != Ok("1"), "{why}");
             eprintln!("skipped: {why}");

@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 
 pub mod azure;
 pub mod etcd;
+pub mod gcs;
 #[path = "../../ebpf/tests/hostile/compile.rs"]
 mod hostile;
 pub mod loopdev;
@@ -280,19 +281,23 @@ pub fn assert_socket_io(node: &NodeProcess, socket_io: &[&str]) {
 }
 
 /// Where a test server's program is: the path in `env_var`, else the
-/// suite's own install at `installed` (under the repository, where
-/// `scripts/test.sh` puts it), else `command` on the PATH.
-pub fn program(env_var: &str, installed: &str, command: &str) -> Option<PathBuf> {
-    if let Ok(path) = std::env::var(env_var) {
+/// suite's own install at `installed` (where `scripts/test.sh` puts it,
+/// under the repository's `target/`), else `command` on the PATH.
+pub fn program(env_var: &str, installed: Option<PathBuf>, command: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env_var) {
         return Some(PathBuf::from(path));
     }
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(installed);
-    if local.exists() {
+    if let Some(local) = installed.filter(|path| path.exists()) {
         return Some(local);
     }
     let found = Command::new("sh").args(["-c", &format!("command -v {command}")]).output().ok()?;
     let path = String::from_utf8_lossy(&found.stdout).trim().to_string();
     (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// `relative` under the repository.
+pub fn in_repo(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
 /// A node that reads source-backed datasets with `env` (where its object

@@ -48,7 +48,9 @@ impl S3 {
     /// what is missing and skips) where moto is not installed, unless
     /// `SLUICE_S3_REQUIRE=1`, as in CI, where that fails the test.
     pub fn start() -> Option<Self> {
-        let Some(binary) = super::program("SLUICE_MOTO_SERVER", "target/s3env/bin/moto_server", "moto_server") else {
+        let Some(binary) =
+            super::program("SLUICE_MOTO_SERVER", Some(super::in_repo("target/s3env/bin/moto_server")), "moto_server")
+        else {
             let why = "moto_server is not installed (pip install 'moto[server]', or set SLUICE_MOTO_SERVER)";
             assert!(std::env::var("SLUICE_S3_REQUIRE").as_deref() != Ok("1"), "{why}");
             eprintln!("skipped: {why}");
