@@ -73,6 +73,15 @@ pub fn valid_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
+/// A dataset record this build cannot read ([`CatalogStore::foreign`]):
+/// all it knows of it is its name and id, and why the rest did not read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignRecord {
+    pub name: String,
+    pub id: u64,
+    pub why: String,
+}
+
 /// Where datasets, their checksums and grants are kept: an embedded redb
 /// file on a single node ([`Catalog`]), or etcd shared by a cluster of
 /// nodes ([`crate::cluster::EtcdCatalog`]). Every change is one atomic
@@ -88,7 +97,20 @@ pub trait CatalogStore: Send + Sync {
         namespace: &mut dyn FnMut(u64) -> NamespaceRecord,
     ) -> Result<DatasetRecord, CatalogError>;
     fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError>;
+    /// Every record this build can read; [`CatalogStore::foreign`] names
+    /// the others.
     fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError>;
+    /// The records of datasets this build cannot read: in a shared catalog,
+    /// written by a newer build that knows a kind or field this one does
+    /// not. A node passes them over (lists, serves, places and restarts as
+    /// if they were not there) but never takes their names, ids or files
+    /// for free: a copy this node holds of one (it ran a newer build
+    /// before) is neither reaped nor quarantined. The single node's own
+    /// catalog has none: a record there it cannot read stops the node, as
+    /// etcd refuses a data directory a newer etcd wrote.
+    fn foreign(&self) -> Result<Vec<ForeignRecord>, CatalogError> {
+        Ok(Vec::new())
+    }
     /// Replaces a record and, when given, its chunk checksums, atomically.
     fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError>;
     fn chunk_crcs(&self, id: u64) -> Result<Vec<u32>, CatalogError>;

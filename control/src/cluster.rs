@@ -17,16 +17,16 @@
 //! no copy sees the namespace kind `remote`.
 
 pub use sluice_proto::api::Member;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{
-    crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, NamespaceKind,
-    NamespaceRecord, DATASETS_MAX,
+    crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, ForeignRecord,
+    NamespaceKind, NamespaceRecord, DATASETS_MAX,
 };
 use crate::etcd::{Compare, Etcd, EtcdAccess, Op};
 use crate::grants::{GrantRecord, GRANTS_MAX};
@@ -81,6 +81,14 @@ pub struct EtcdCatalog {
     etcd: Etcd,
     prefix: String,
     node: String,
+    /// The foreign records already logged, so each is said once.
+    foreign_seen: Mutex<HashSet<(String, u64)>>,
+}
+
+/// A dataset record as stored, read by [`EtcdCatalog::read_record`].
+enum Stored {
+    Readable(Box<DatasetRecord>),
+    Foreign(ForeignRecord),
 }
 
 impl EtcdCatalog {
@@ -100,6 +108,7 @@ impl EtcdCatalog {
             etcd: Etcd::connect(endpoint, access)?,
             prefix: prefix.trim_end_matches('/').to_string(),
             node: node.to_string(),
+            foreign_seen: Mutex::default(),
         };
         catalog.etcd.get(&catalog.key("meta/next_dataset_id"))?;
         Ok(catalog)
@@ -160,6 +169,26 @@ impl EtcdCatalog {
 
     fn decode_record(name: &str, bytes: &[u8]) -> Result<DatasetRecord, CatalogError> {
         serde_json::from_slice(bytes).map_err(|e| record_error(name, e))
+    }
+
+    /// A record of the `datasets/` listing: readable, or foreign where it
+    /// is a record (a JSON object with the dataset's name and id) that
+    /// does not read whole, as one a newer build wrote. Anything else is
+    /// an error: a damaged record stops the listing rather than being
+    /// passed over.
+    fn read_record(key: &str, bytes: &[u8]) -> Result<Stored, CatalogError> {
+        #[derive(Deserialize)]
+        struct Head {
+            name: String,
+            id: u64,
+        }
+        match serde_json::from_slice(bytes) {
+            Ok(record) => Ok(Stored::Readable(Box::new(record))),
+            Err(why) => match serde_json::from_slice::<Head>(bytes) {
+                Ok(head) => Ok(Stored::Foreign(ForeignRecord { name: head.name, id: head.id, why: why.to_string() })),
+                Err(_) => Err(record_error(key, why)),
+            },
+        }
     }
 
     /// Every node's copies, by dataset name.
@@ -350,11 +379,35 @@ impl CatalogStore for EtcdCatalog {
         let own = self.own_replicas()?;
         let mut out = Vec::new();
         for kv in self.etcd.list(&self.key("datasets/"), DATASETS_MAX)? {
-            let mut record = Self::decode_record(&kv.key, &kv.value)?;
+            let mut record = match Self::read_record(&kv.key, &kv.value)? {
+                Stored::Readable(record) => *record,
+                Stored::Foreign(foreign) => {
+                    let mut seen = self.foreign_seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if seen.insert((foreign.name.clone(), foreign.id)) {
+                        tracing::warn!(
+                            dataset = foreign.name,
+                            id = foreign.id,
+                            "passing over a dataset this build cannot read (written by a newer one?): {}",
+                            foreign.why
+                        );
+                    }
+                    continue;
+                }
+            };
             if let Some(replica) = own.get(&record.name).filter(|r| r.dataset_id == record.id) {
                 record.namespace = replica.namespace.clone();
             }
             out.push(record);
+        }
+        Ok(out)
+    }
+
+    fn foreign(&self) -> Result<Vec<ForeignRecord>, CatalogError> {
+        let mut out = Vec::new();
+        for kv in self.etcd.list(&self.key("datasets/"), DATASETS_MAX)? {
+            if let Stored::Foreign(foreign) = Self::read_record(&kv.key, &kv.value)? {
+                out.push(foreign);
+            }
         }
         Ok(out)
     }
@@ -432,5 +485,30 @@ impl CatalogStore for EtcdCatalog {
 
     fn describe(&self) -> String {
         format!("etcd {} under {} as node {}", self.etcd.endpoint(), self.prefix, self.node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record that reads whole is readable; one with its name and id
+    /// but a kind this build does not know is foreign; anything else (not
+    /// a record at all, or one without its name and id) is an error that
+    /// stops the listing.
+    #[test]
+    fn a_record_reads_as_readable_foreign_or_damaged() {
+        let record = new_record(3, "a", DatasetKind::Bytes, 1, remote_namespace());
+        let bytes = serde_json::to_vec(&record).expect("json");
+        assert!(matches!(EtcdCatalog::read_record("k", &bytes), Ok(Stored::Readable(r)) if *r == record));
+        let newer = String::from_utf8(bytes).expect("utf-8").replace(r#""kind":"bytes""#, r#""kind":"parquet""#);
+        let Ok(Stored::Foreign(foreign)) = EtcdCatalog::read_record("k", newer.as_bytes()) else {
+            panic!("a record of a kind this build does not know is foreign")
+        };
+        assert_eq!((foreign.name.as_str(), foreign.id), ("a", 3));
+        assert!(foreign.why.contains("parquet"), "{}", foreign.why);
+        for damaged in [&b"{\"name\":\"a\""[..], b"not json", br#"{"kind":"parquet"}"#] {
+            assert!(EtcdCatalog::read_record("k", damaged).is_err(), "{}", String::from_utf8_lossy(damaged));
+        }
     }
 }

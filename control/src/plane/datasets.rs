@@ -68,7 +68,11 @@ impl IngestSession<'_> {
 
 impl ControlPlane {
     pub(super) fn index_path(&self, record: &DatasetRecord) -> PathBuf {
-        self.index_dir.join(format!("{:016x}.idx", record.id))
+        self.index_path_of(record.id)
+    }
+
+    pub(super) fn index_path_of(&self, dataset_id: u64) -> PathBuf {
+        self.index_dir.join(format!("{dataset_id:016x}.idx"))
     }
 
     pub(super) fn index_file(&self, record: &DatasetRecord) -> Result<IndexFile, ControlError> {

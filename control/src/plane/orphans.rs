@@ -38,6 +38,7 @@ impl ControlPlane {
             let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
             known.extend([present, crcs]);
         }
+        known.extend(self.files_of_foreign_datasets()?);
         let cache_dir = self.data_dir.join("cache");
         for dir in [
             &self.storage.namespace_dir().to_path_buf(),
@@ -54,6 +55,28 @@ impl ControlPlane {
             }
         }
         Ok(())
+    }
+
+    /// The files of this node's copies of datasets this build cannot read
+    /// ([`CatalogStore::foreign`]): a node that ran a newer build holds
+    /// them, and they are still that dataset's, not orphans.
+    fn files_of_foreign_datasets(&self) -> Result<Vec<PathBuf>, ControlError> {
+        let Some(cluster) = self.cluster.etcd() else { return Ok(Vec::new()) };
+        let foreign = self.catalog.foreign()?;
+        if foreign.is_empty() {
+            return Ok(Vec::new());
+        }
+        let own = cluster.own_replicas()?;
+        let mut files = Vec::new();
+        for dataset in foreign {
+            let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, dataset.id);
+            files.extend([self.index_path_of(dataset.id), self.checksums.path(dataset.id), present, crcs]);
+            if let Some(copy) = own.get(&dataset.name).filter(|copy| copy.dataset_id == dataset.id) {
+                let namespace = PathBuf::from(&copy.namespace.path);
+                files.push(std::fs::canonicalize(&namespace).unwrap_or(namespace));
+            }
+        }
+        Ok(files)
     }
 
     /// Moves a file no record owns into `orphans/`, under a name that says

@@ -425,7 +425,10 @@ impl ControlPlane {
         // made in one transaction, so every copy listed here whose dataset
         // still exists has it in the list below.
         let own = cluster.own_replicas()?;
-        let current: HashMap<String, u64> = self.catalog.list()?.into_iter().map(|r| (r.name, r.id)).collect();
+        let mut current: HashMap<String, u64> = self.catalog.list()?.into_iter().map(|r| (r.name, r.id)).collect();
+        // A dataset this build cannot read still exists: its copy here
+        // (the node ran a newer build) stays for the build that reads it.
+        current.extend(self.catalog.foreign()?.into_iter().map(|dataset| (dataset.name, dataset.id)));
         for (name, replica) in own {
             if current.get(&name) == Some(&replica.dataset_id) {
                 continue;
