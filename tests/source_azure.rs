@@ -1,111 +1,36 @@
 //! Source-backed datasets in Azure Blob Storage, against a real
 //! Azure-compatible server (Azurite, Microsoft's emulator, on loopback):
 //! blobs of a container read back byte-exact, `.npy` headers skipped, an
-//! overwritten or deleted blob failing only its ranges, and a container or
-//! prefix that is not there refused by name before anything is made.
-//! `source_cache.rs` tests the same node code against S3; what differs
-//! here is the store's own: Shared Key signing, its listing, its ETags and
-//! how it answers a conditional GET whose blob has changed.
+//! overwritten or deleted blob failing only its ranges, and a container,
+//! a prefix or an account that is not there refused by name before
+//! anything is made. `source_cache.rs` tests the same node code against
+//! S3; what differs here is the store's own: Shared Key signing, its
+//! listing, its ETags (bare in a listing, quoted in a response) and how it
+//! answers a conditional GET whose blob has changed.
 
 mod common;
 
 use common::azure::Azurite;
-use common::reads::{assert_exact, bytes_of, random_ranges, read, stat};
-use common::{npy_u16, NodeProcess};
-use rand::SeedableRng;
-use sluice_client::blocking::Client;
-use sluice_client::RangeStatus;
+use common::stores;
+use common::NodeProcess;
 
-const CHUNK: usize = 64 * 1024;
-
-/// A node pointed at `azurite`, whose fetches give up fast.
-fn node_for(azurite: &Azurite, dir: &std::path::Path) -> NodeProcess {
-    common::source_node(dir, &azurite.env(), "")
-}
-
-/// Blobs under a prefix (bytes) and `.npy` arrays (tokens) read back
-/// exact from cold; then a blob overwritten after create fails the ranges
-/// not yet fetched from it as source changed, a deleted one too, and what
-/// was fetched before still serves.
 #[test]
 fn blobs_read_back_exact_and_a_changed_blob_fails_only_its_own_ranges() {
     let Some(azurite) = Azurite::start() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    azurite.create_container("train");
-    let parts: Vec<Vec<u8>> =
-        [3 * CHUNK + 1234, 777, 4 * CHUNK - 3].iter().zip(1..).map(|(&n, s)| bytes_of(n, s)).collect();
-    for (i, part) in parts.iter().enumerate() {
-        azurite.put("train", &format!("bytes/part {i}.bin"), part);
-    }
-    azurite.put("train", "bytesx/other.bin", b"not under the prefix");
-    let bytes_expected = parts.concat();
-    let shards: Vec<Vec<u8>> = (0..2).map(|s| bytes_of(2 * (50_000 + s * 333), 10 + s as u64)).collect();
-    for (i, shard) in shards.iter().enumerate() {
-        azurite.put("train", &format!("tokens/shard-{i}.npy"), &npy_u16(shard));
-    }
-    let tokens_expected = shards.concat();
-
-    let node = node_for(&azurite, dir.path());
-    node.ctl_ok(&["dataset", "create", "b", "--kind", "bytes", "--source", "az://train/bytes/"]);
-    node.ctl_ok(&["dataset", "create", "t", "--kind", "tokens:u16", "--source", "az://train/tokens/"]);
-    assert_eq!(stat(&node, "b")["length_bytes"], bytes_expected.len());
-    assert_eq!(stat(&node, "t")["length_bytes"], tokens_expected.len());
-    assert_eq!(stat(&node, "b")["cache"]["chunks_present"], 0, "nothing is fetched at create");
-
-    let client = Client::connect(&node.endpoint).expect("connect");
-    let tokens = client.open("t").expect("open");
-    let whole = [(0, tokens_expected.len() as u32)];
-    assert_exact(&tokens_expected, &whole, &read(&tokens, &whole));
-    let bytes = client.open("b").expect("open");
-    // The first chunk of each part, fetched now; the rest stay cold.
-    let first_chunks: Vec<(u64, u32)> =
-        [0, parts[0].len(), parts[0].len() + parts[1].len()].iter().map(|&start| (start as u64 + 5, 100)).collect();
-    assert_exact(&bytes_expected, &first_chunks, &read(&bytes, &first_chunks));
-
-    // Part 0 rewritten with other bytes, part 2 deleted.
-    azurite.put("train", "bytes/part 0.bin", &bytes_of(parts[0].len(), 99));
-    azurite.delete("train", "bytes/part 2.bin");
-    let part2 = (parts[0].len() + parts[1].len()) as u64;
-    let got = read(&bytes, &[(2 * CHUNK as u64 + 7, 1000), (part2 + 2 * CHUNK as u64, 1000)]);
-    assert_eq!(got[0].0, RangeStatus::SourceChanged, "a cold chunk of the rewritten blob");
-    assert_eq!(got[1].0, RangeStatus::SourceChanged, "a cold chunk of the deleted blob");
-    let cache = &stat(&node, "b")["cache"];
-    assert!(cache["source_changed"].as_u64() >= Some(2), "{cache}");
-    assert!(cache["last_error"].as_str().is_some_and(|e| e.contains("changed")), "{cache}");
-    // What was fetched before the change, and the blob left alone, serve.
-    assert_exact(&bytes_expected, &first_chunks, &read(&bytes, &first_chunks));
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
-    let part1: Vec<(u64, u32)> = random_ranges(&mut rng, parts[1].len(), 8)
-        .into_iter()
-        .map(|(offset, len)| (offset + parts[0].len() as u64, len))
-        .collect();
-    assert_exact(&bytes_expected, &part1, &read(&bytes, &part1));
+    stores::cold_reads_are_exact_and_a_changed_object_fails_only_its_own_ranges(&azurite);
 }
 
-/// A container that does not exist, a prefix with no blobs, and a node
-/// given no Azure account are each refused at create with what is wrong,
-/// and none of them makes a dataset.
+/// Besides a missing container and an empty prefix, a node given no
+/// Azure account is refused with the variables that name one.
 #[test]
 fn a_missing_container_an_empty_prefix_and_no_account_are_refused_and_make_nothing() {
     let Some(azurite) = Azurite::start() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    azurite.create_container("train");
-    azurite.put("train", "data/a.bin", &bytes_of(1000, 1));
-    let node = node_for(&azurite, dir.path());
-    let refusals =
-        [("az://nothere/data/", "The specified container does not exist"), ("az://train/empty/", "no objects")];
-    for (source, says) in refusals {
-        let refused = node.ctl(&["dataset", "create", "d", "--kind", "bytes", "--source", source]);
-        let said = String::from_utf8_lossy(&refused.stderr);
-        assert!(!refused.status.success() && said.contains(says), "{source}: {said}");
-    }
+    let says = "The specified container does not exist";
+    stores::a_missing_bucket_and_an_empty_prefix_make_nothing(&azurite, dir.path(), says);
     let bare = NodeProcess::start(&dir.path().join("bare"));
     let refused = bare.ctl(&["dataset", "create", "d", "--kind", "bytes", "--source", "az://train/data/"]);
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && said.contains("AZURE_STORAGE_ACCOUNT_NAME"), "{said}");
-    for node in [&node, &bare] {
-        let listed: serde_json::Value =
-            serde_json::from_str(&node.ctl_ok(&["--json", "dataset", "ls"])).expect("ls json");
-        assert_eq!(listed, serde_json::json!([]), "nothing was made");
-    }
+    stores::assert_nothing_made(&bare);
 }

@@ -61,18 +61,9 @@ impl Azurite {
         format!("http://127.0.0.1:{}/{ACCOUNT}", self.port)
     }
 
-    /// The environment that points a node (or any Azure client) at the
-    /// emulator.
-    pub fn env(&self) -> Vec<(String, String)> {
-        vec![
-            ("AZURE_STORAGE_USE_EMULATOR".to_string(), "true".to_string()),
-            ("AZURITE_BLOB_STORAGE_URL".to_string(), format!("http://127.0.0.1:{}", self.port)),
-        ]
-    }
-
     /// Makes a container. `object_store` makes none, so this is the one
     /// request the test signs itself (Shared Key, with the account's key).
-    pub fn create_container(&self, container: &str) {
+    fn create_container(&self, container: &str) {
         let date = httpdate::fmt_http_date(SystemTime::now());
         // Shared Key's string to sign for a PUT with no body and no
         // standard headers: the verb, eleven empty header lines, the
@@ -107,14 +98,31 @@ impl Azurite {
             .build()
             .expect("store")
     }
+}
 
-    /// Writes (or overwrites) a blob.
-    pub fn put(&self, container: &str, name: &str, bytes: &[u8]) {
+impl super::stores::StoreServer for Azurite {
+    fn scheme(&self) -> &'static str {
+        "az"
+    }
+
+    /// What points a node (or any Azure client) at the emulator.
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AZURE_STORAGE_USE_EMULATOR".to_string(), "true".to_string()),
+            ("AZURITE_BLOB_STORAGE_URL".to_string(), format!("http://127.0.0.1:{}", self.port)),
+        ]
+    }
+
+    fn create_bucket(&self, container: &str) {
+        self.create_container(container);
+    }
+
+    fn put(&self, container: &str, name: &str, bytes: &[u8]) {
         let payload = PutPayload::from(bytes.to_vec());
         runtime().block_on(self.store(container).put(&Path::from(name), payload)).expect("put blob");
     }
 
-    pub fn delete(&self, container: &str, name: &str) {
+    fn delete(&self, container: &str, name: &str) {
         runtime().block_on(self.store(container).delete(&Path::from(name))).expect("delete blob");
     }
 }

@@ -92,28 +92,33 @@ impl FakeGcs {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+}
 
-    /// The environment that points a node at the server.
-    pub fn env(&self) -> Vec<(String, String)> {
+impl super::stores::StoreServer for FakeGcs {
+    fn scheme(&self) -> &'static str {
+        "gs"
+    }
+
+    /// What points a node at the server: its service account file.
+    fn env(&self) -> Vec<(String, String)> {
         let account = self.dir.path().join("service-account.json");
         vec![("GOOGLE_SERVICE_ACCOUNT".to_string(), account.display().to_string())]
     }
 
-    pub fn create_bucket(&self, bucket: &str) {
+    fn create_bucket(&self, bucket: &str) {
         ureq::post(&format!("{}/storage/v1/b?project=test", self.url()))
             .send_json(serde_json::json!({ "name": bucket }))
             .unwrap_or_else(|e| panic!("creating bucket {bucket}: {e}"));
     }
 
-    /// Writes (or overwrites) an object.
-    pub fn put(&self, bucket: &str, name: &str, bytes: &[u8]) {
+    fn put(&self, bucket: &str, name: &str, bytes: &[u8]) {
         let name = utf8_percent_encode(name, NON_ALPHANUMERIC);
         ureq::post(&format!("{}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}", self.url()))
             .send_bytes(bytes)
             .unwrap_or_else(|e| panic!("put {name}: {e}"));
     }
 
-    pub fn delete(&self, bucket: &str, name: &str) {
+    fn delete(&self, bucket: &str, name: &str) {
         let name = utf8_percent_encode(name, NON_ALPHANUMERIC);
         ureq::delete(&format!("{}/storage/v1/b/{bucket}/o/{name}", self.url()))
             .call()

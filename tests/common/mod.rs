@@ -18,6 +18,7 @@ pub mod loopdev;
 pub mod pki;
 pub mod reads;
 pub mod s3;
+pub mod stores;
 
 /// A `sluiced` child process, killed when dropped.
 pub struct NodeProcess {
