@@ -73,7 +73,14 @@ pub fn valid_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
-/// A dataset record this build cannot read ([`CatalogStore::foreign`]):
+/// The catalog's records, read at once ([`CatalogStore::listing`]).
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub readable: Vec<DatasetRecord>,
+    pub foreign: Vec<ForeignRecord>,
+}
+
+/// A dataset record this build cannot read ([`CatalogStore::listing`]):
 /// all it knows of it is its name and id, and why the rest did not read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForeignRecord {
@@ -97,19 +104,20 @@ pub trait CatalogStore: Send + Sync {
         namespace: &mut dyn FnMut(u64) -> NamespaceRecord,
     ) -> Result<DatasetRecord, CatalogError>;
     fn get(&self, name: &str) -> Result<Option<DatasetRecord>, CatalogError>;
-    /// Every record this build can read; [`CatalogStore::foreign`] names
-    /// the others.
+    /// Every record this build can read; [`CatalogStore::listing`] names
+    /// the others too.
     fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError>;
-    /// The records of datasets this build cannot read: in a shared catalog,
-    /// written by a newer build that knows a kind or field this one does
-    /// not. A node passes them over (lists, serves, places and restarts as
-    /// if they were not there) but never takes their names, ids or files
-    /// for free: a copy this node holds of one (it ran a newer build
-    /// before) is neither reaped nor quarantined. The single node's own
-    /// catalog has none: a record there it cannot read stops the node, as
-    /// etcd refuses a data directory a newer etcd wrote.
-    fn foreign(&self) -> Result<Vec<ForeignRecord>, CatalogError> {
-        Ok(Vec::new())
+    /// Every record, read at once: those this build can read, and the
+    /// foreign ones, of datasets it cannot read. In a shared catalog those
+    /// were written by a newer build that knows a kind or field this one
+    /// does not. A node passes them over (lists, serves, places and
+    /// restarts as if they were not there) but never takes their names,
+    /// ids or files for free: a copy this node holds of one (it ran a
+    /// newer build before) is neither reaped nor quarantined. The single
+    /// node's own catalog has none: a record there it cannot read stops
+    /// the node, as etcd refuses a data directory a newer etcd wrote.
+    fn listing(&self) -> Result<Listing, CatalogError> {
+        Ok(Listing { readable: self.list()?, foreign: Vec::new() })
     }
     /// Replaces a record and, when given, its chunk checksums, atomically.
     fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError>;

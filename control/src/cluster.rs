@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{
     crcs_from_bytes, crcs_to_bytes, new_record, valid_name, CatalogError, CatalogStore, DatasetRecord, ForeignRecord,
-    NamespaceKind, NamespaceRecord, DATASETS_MAX,
+    Listing, NamespaceKind, NamespaceRecord, DATASETS_MAX,
 };
 use crate::etcd::{Compare, Etcd, EtcdAccess, Op};
 use crate::grants::{GrantRecord, GRANTS_MAX};
@@ -376,8 +376,12 @@ impl CatalogStore for EtcdCatalog {
     }
 
     fn list(&self) -> Result<Vec<DatasetRecord>, CatalogError> {
+        Ok(self.listing()?.readable)
+    }
+
+    fn listing(&self) -> Result<Listing, CatalogError> {
         let own = self.own_replicas()?;
-        let mut out = Vec::new();
+        let mut listing = Listing::default();
         for kv in self.etcd.list(&self.key("datasets/"), DATASETS_MAX)? {
             let mut record = match Self::read_record(&kv.key, &kv.value)? {
                 Stored::Readable(record) => *record,
@@ -391,25 +395,16 @@ impl CatalogStore for EtcdCatalog {
                             foreign.why
                         );
                     }
+                    listing.foreign.push(foreign);
                     continue;
                 }
             };
             if let Some(replica) = own.get(&record.name).filter(|r| r.dataset_id == record.id) {
                 record.namespace = replica.namespace.clone();
             }
-            out.push(record);
+            listing.readable.push(record);
         }
-        Ok(out)
-    }
-
-    fn foreign(&self) -> Result<Vec<ForeignRecord>, CatalogError> {
-        let mut out = Vec::new();
-        for kv in self.etcd.list(&self.key("datasets/"), DATASETS_MAX)? {
-            if let Stored::Foreign(foreign) = Self::read_record(&kv.key, &kv.value)? {
-                out.push(foreign);
-            }
-        }
-        Ok(out)
+        Ok(listing)
     }
 
     fn update(&self, record: &DatasetRecord, chunk_crcs: Option<&[u32]>) -> Result<(), CatalogError> {

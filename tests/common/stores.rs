@@ -85,12 +85,12 @@ pub fn cold_reads_are_exact_and_a_changed_object_fails_only_its_own_ranges(serve
 
 /// A bucket that does not exist (the store's answer says `missing_says`)
 /// and a prefix with no objects are refused at create, and neither makes
-/// a dataset. Gives the node, for the store's own checks after.
+/// a dataset.
 pub fn a_missing_bucket_and_an_empty_prefix_make_nothing(
     server: &dyn StoreServer,
     dir: &std::path::Path,
     missing_says: &str,
-) -> NodeProcess {
+) {
     let scheme = server.scheme();
     server.create_bucket("train");
     server.put("train", "data/a.bin", &bytes_of(1000, 1));
@@ -103,7 +103,6 @@ pub fn a_missing_bucket_and_an_empty_prefix_make_nothing(
         assert!(!refused.status.success() && said.contains(says), "{source}: {said}");
     }
     assert_nothing_made(&node);
-    node
 }
 
 /// The node has no dataset.

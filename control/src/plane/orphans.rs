@@ -2,10 +2,11 @@
 //! files no record owns (listed, purged only on an operator's word).
 
 use super::*;
+use crate::catalog::{ForeignRecord, Listing};
 
 impl ControlPlane {
     pub(super) fn recover(&self) -> Result<(), ControlError> {
-        let records = self.catalog.list()?;
+        let Listing { readable: records, foreign } = self.catalog.listing()?;
         let mut known = HashSet::new();
         for record in &records {
             match record.state {
@@ -38,7 +39,7 @@ impl ControlPlane {
             let (present, crcs) = crate::source::cache::cache_paths(&self.data_dir, record.id);
             known.extend([present, crcs]);
         }
-        known.extend(self.files_of_foreign_datasets()?);
+        known.extend(self.files_of_foreign_datasets(foreign)?);
         let cache_dir = self.data_dir.join("cache");
         for dir in [
             &self.storage.namespace_dir().to_path_buf(),
@@ -58,14 +59,10 @@ impl ControlPlane {
     }
 
     /// The files of this node's copies of datasets this build cannot read
-    /// ([`CatalogStore::foreign`]): a node that ran a newer build holds
-    /// them, and they are still that dataset's, not orphans.
-    fn files_of_foreign_datasets(&self) -> Result<Vec<PathBuf>, ControlError> {
-        let Some(cluster) = self.cluster.etcd() else { return Ok(Vec::new()) };
-        let foreign = self.catalog.foreign()?;
-        if foreign.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// (foreign, [`CatalogStore::listing`]): a node that ran a newer build
+    /// holds them, and they are still that dataset's, not orphans.
+    fn files_of_foreign_datasets(&self, foreign: Vec<ForeignRecord>) -> Result<Vec<PathBuf>, ControlError> {
+        let Some(cluster) = self.cluster.etcd().filter(|_| !foreign.is_empty()) else { return Ok(Vec::new()) };
         let own = cluster.own_replicas()?;
         let mut files = Vec::new();
         for dataset in foreign {

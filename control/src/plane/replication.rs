@@ -425,10 +425,12 @@ impl ControlPlane {
         // made in one transaction, so every copy listed here whose dataset
         // still exists has it in the list below.
         let own = cluster.own_replicas()?;
-        let mut current: HashMap<String, u64> = self.catalog.list()?.into_iter().map(|r| (r.name, r.id)).collect();
-        // A dataset this build cannot read still exists: its copy here
-        // (the node ran a newer build) stays for the build that reads it.
-        current.extend(self.catalog.foreign()?.into_iter().map(|dataset| (dataset.name, dataset.id)));
+        // A dataset this build cannot read (foreign) still exists: its copy
+        // here (the node ran a newer build) stays for the build that reads it.
+        let listing = self.catalog.listing()?;
+        let readable = listing.readable.into_iter().map(|r| (r.name, r.id));
+        let current: HashMap<String, u64> =
+            readable.chain(listing.foreign.into_iter().map(|dataset| (dataset.name, dataset.id))).collect();
         for (name, replica) in own {
             if current.get(&name) == Some(&replica.dataset_id) {
                 continue;

@@ -363,7 +363,9 @@ async fn fetch_once(
 /// (The pinned tag goes into `If-Match` as its store gave it, which that
 /// store matches.)
 fn same_etag(pinned: &str, got: &str) -> bool {
-    let unquoted = |tag: &'_ str| tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(tag).to_owned();
+    fn unquoted(tag: &str) -> &str {
+        tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(tag)
+    }
     unquoted(pinned) == unquoted(got)
 }
 
