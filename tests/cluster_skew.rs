@@ -1,11 +1,12 @@
 //! A cluster part way through a rolling upgrade (or a node rolled back):
 //! etcd holds dataset records a newer build wrote, of a kind this build
-//! does not know. This build passes them over: it lists, serves, reports
+//! does not know. This build passes them over: it lists, serves
 //! and restarts as if they were not there, never takes one's name, and
 //! keeps the copy it holds of one (it ran the newer build before), files
 //! and copy record alike, for the build that reads it. Before, one such
 //! record failed every listing on the older nodes and stopped any of them
-//! that restarted ("opening the catalog: … unknown variant").
+//! that restarted ("opening the catalog: … unknown variant"). The cluster
+//! report names them apart, with their copies and why they do not read.
 
 mod common;
 
@@ -71,6 +72,24 @@ fn records_a_newer_build_wrote_are_passed_over_and_the_copy_held_here_is_kept() 
         let reported: Vec<&str> =
             status["datasets"].as_array().expect("datasets").iter().filter_map(|d| d["name"].as_str()).collect();
         assert_eq!(reported, ["a"], "{status}");
+        // The report names the datasets it cannot read, their copies and
+        // why, so an operator sees them while the upgrade lasts.
+        let foreign = status["foreign_datasets"].as_array().expect("foreign datasets");
+        let mut names: Vec<&str> = foreign.iter().filter_map(|d| d["name"].as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["elsewhere", "held"], "{status}");
+        for d in foreign {
+            assert!(d["why"].as_str().is_some_and(|why| why.contains("parquet")), "{d}");
+            let copies: Vec<&str> =
+                d["copies"].as_array().expect("copies").iter().filter_map(|c| c["node"].as_str()).collect();
+            let expected: &[&str] = if d["name"] == "held" { &["n1"] } else { &[] };
+            assert_eq!(copies, expected, "{d}");
+        }
+        let shown = node.ctl_ok(&["cluster"]);
+        assert!(
+            shown.contains("2 datasets this build cannot read") && shown.lines().any(|l| l.starts_with("held ")),
+            "{shown}"
+        );
         let grant: serde_json::Value =
             serde_json::from_str(&node.ctl_ok(&["--json", "grant", "create", "a", "--client", "trainer"]))
                 .expect("grant json");

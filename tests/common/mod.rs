@@ -20,6 +20,27 @@ pub mod reads;
 pub mod s3;
 pub mod stores;
 
+/// Prefixes of the environment variables a node reads where its object
+/// stores are and which credentials reach them (`object_store`'s
+/// `from_env`, any case).
+const OBJECT_STORE_ENV_PREFIXES: [&str; 3] = ["AWS_", "AZURE_", "GOOGLE_"];
+
+/// The test process's object-store settings, which its nodes must not
+/// inherit: a developer's real account (an exported
+/// `AWS_ACCESS_KEY_ID`, `AZURE_STORAGE_ACCOUNT_NAME` or
+/// `GOOGLE_SERVICE_ACCOUNT`) would otherwise be what a test's node reaches
+/// wherever the test's own settings do not override it. A test gives its
+/// node the settings it means (`env`).
+fn object_store_settings() -> Vec<std::ffi::OsString> {
+    std::env::vars_os()
+        .map(|(name, _)| name)
+        .filter(|name| {
+            let name = name.to_string_lossy().to_ascii_uppercase();
+            OBJECT_STORE_ENV_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+        })
+        .collect()
+}
+
 /// A `sluiced` child process, killed when dropped.
 pub struct NodeProcess {
     pub child: Child,
@@ -94,7 +115,11 @@ impl NodeProcess {
         // Loopback ports the kernel picks, unless `extra` names the
         // control API's address.
         let control: &[&str] = if extra.contains(&"--control") { &[] } else { &["--control", "127.0.0.1:0"] };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluiced"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluiced"));
+        for name in object_store_settings() {
+            command.env_remove(name);
+        }
+        let mut child = command
             .args(["--data-dir", data_dir.to_str().expect("utf-8 path")])
             .args(["--listen", "127.0.0.1:0", "--cores", "2"])
             .args(control)

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::cluster::ReplicaRecord;
-use sluice_proto::api::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
+use sluice_proto::api::{ClusterStatus, CopyStatus, DatasetPlacement, ForeignDataset, Member};
 
 /// Where a node keeps its catalog.
 #[derive(Clone, Debug, Default)]
@@ -451,7 +451,8 @@ impl ControlPlane {
         Ok(reaped)
     }
 
-    /// The cluster's members and every dataset's copies.
+    /// The cluster's members and every dataset's copies, those whose
+    /// records this build cannot read (foreign) among them.
     pub fn cluster_status(&self) -> Result<ClusterStatus, ControlError> {
         let Some(cluster) = self.cluster.etcd() else {
             return Ok(ClusterStatus {
@@ -460,28 +461,44 @@ impl ControlPlane {
                 replication: 1,
                 members: Vec::new(),
                 datasets: Vec::new(),
+                foreign_datasets: Vec::new(),
             });
         };
         let members = cluster.members()?;
         let replicas = cluster.replicas()?;
-        let datasets = self
-            .catalog
-            .list()?
+        let copies_of = |name: &str, id: u64| -> Vec<CopyStatus> {
+            replicas
+                .get(name)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter(|r| r.dataset_id == id)
+                .map(|r| CopyStatus {
+                    node: r.node.clone(),
+                    ready: r.ready,
+                    live: members.iter().any(|m| m.node == r.node),
+                })
+                .collect()
+        };
+        let listing = self.catalog.listing()?;
+        let datasets = listing
+            .readable
             .into_iter()
-            .map(|record| {
-                let copies = replicas
-                    .get(&record.name)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default()
-                    .iter()
-                    .filter(|r| r.dataset_id == record.id)
-                    .map(|r| CopyStatus {
-                        node: r.node.clone(),
-                        ready: r.ready,
-                        live: members.iter().any(|m| m.node == r.node),
-                    })
-                    .collect();
-                DatasetPlacement { name: record.name, state: record.state, placement: record.placement, copies }
+            .map(|record| DatasetPlacement {
+                copies: copies_of(&record.name, record.id),
+                name: record.name,
+                state: record.state,
+                placement: record.placement,
+            })
+            .collect();
+        let foreign_datasets = listing
+            .foreign
+            .into_iter()
+            .map(|record| ForeignDataset {
+                copies: copies_of(&record.name, record.id),
+                name: record.name,
+                id: record.id,
+                why: record.why,
             })
             .collect();
         Ok(ClusterStatus {
@@ -490,6 +507,7 @@ impl ControlPlane {
             replication: self.cluster.replication,
             members,
             datasets,
+            foreign_datasets,
         })
     }
 }

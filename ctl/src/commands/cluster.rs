@@ -1,6 +1,8 @@
-//! `sluicectl cluster`: live members and each dataset's copies.
+//! `sluicectl cluster`: live members, each dataset's copies, and the
+//! datasets this node's build cannot read (a newer build's, during a
+//! rolling upgrade).
 
-use sluice_proto::api::ClusterStatus;
+use sluice_proto::api::{ClusterStatus, CopyStatus};
 
 use crate::api::Api;
 use crate::error::{json_line, Result};
@@ -22,14 +24,26 @@ pub fn run(api: &Api, json: bool) -> Result<()> {
     }
     crate::outln!("{:<32} {:<10} {:<24} COPIES (node:ready/syncing, * = not live)", "DATASET", "STATE", "PLACEMENT");
     for d in &status.datasets {
-        let copies: Vec<String> = d
-            .copies
-            .iter()
-            .map(|c| {
-                format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" })
-            })
-            .collect();
-        crate::outln!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies.join(" "));
+        crate::outln!("{:<32} {:<10} {:<24} {}", d.name, d.state.to_string(), d.placement.join(","), copies(&d.copies));
+    }
+    if !status.foreign_datasets.is_empty() {
+        crate::outln!(
+            "{} datasets this build cannot read (a newer build wrote them?); nodes of that build serve them",
+            status.foreign_datasets.len()
+        );
+        crate::outln!("{:<32} {:<10} {:<24} WHY", "DATASET", "ID", "COPIES");
+        for d in &status.foreign_datasets {
+            crate::outln!("{:<32} {:<10} {:<24} {}", d.name, d.id, copies(&d.copies), d.why);
+        }
     }
     Ok(())
+}
+
+/// Copies as `node:ready` or `node:syncing`, `*` after a node not live.
+fn copies(copies: &[CopyStatus]) -> String {
+    let shown: Vec<String> = copies
+        .iter()
+        .map(|c| format!("{}:{}{}", c.node, if c.ready { "ready" } else { "syncing" }, if c.live { "" } else { "*" }))
+        .collect();
+    shown.join(" ")
 }

@@ -35,6 +35,20 @@ pub struct DatasetPlacement {
     pub copies: Vec<CopyStatus>,
 }
 
+/// A dataset whose record this node's build cannot read, most often one a
+/// newer build wrote during a rolling upgrade (a kind this build does not
+/// know). This node neither serves nor reaps it, and its name stays taken;
+/// the nodes of the newer build serve it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForeignDataset {
+    pub name: String,
+    pub id: u64,
+    /// Why the record did not read, as this build's decoder said it.
+    pub why: String,
+    pub copies: Vec<CopyStatus>,
+}
+
 /// `GET /v1/cluster`: the members and where every dataset is.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -45,4 +59,8 @@ pub struct ClusterStatus {
     pub replication: usize,
     pub members: Vec<Member>,
     pub datasets: Vec<DatasetPlacement>,
+    /// Datasets in the catalog this node's build cannot read. Absent from
+    /// the reports of builds before it (so read as empty).
+    #[serde(default)]
+    pub foreign_datasets: Vec<ForeignDataset>,
 }

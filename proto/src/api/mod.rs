@@ -11,7 +11,7 @@ pub mod grants;
 pub mod policy;
 pub mod trace;
 
-pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, Member};
+pub use cluster::{ClusterStatus, CopyStatus, DatasetPlacement, ForeignDataset, Member};
 pub use dataset::{
     Appended, CacheReport, DatasetKind, DatasetRecord, DatasetSource, DatasetState, NamespaceKind, NamespaceRecord,
     ScrubReport, SourceObject,
