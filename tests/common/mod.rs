@@ -21,8 +21,8 @@ pub mod s3;
 pub mod stores;
 
 /// Prefixes of the environment variables a node reads where its object
-/// stores are and which credentials reach them (`object_store`'s
-/// `from_env`, any case).
+/// stores are and which credentials reach them: `object_store`'s
+/// `from_env` takes every variable starting with one of these.
 const OBJECT_STORE_ENV_PREFIXES: [&str; 3] = ["AWS_", "AZURE_", "GOOGLE_"];
 
 /// The test process's object-store settings, which its nodes must not
@@ -34,10 +34,7 @@ const OBJECT_STORE_ENV_PREFIXES: [&str; 3] = ["AWS_", "AZURE_", "GOOGLE_"];
 fn object_store_settings() -> Vec<std::ffi::OsString> {
     std::env::vars_os()
         .map(|(name, _)| name)
-        .filter(|name| {
-            let name = name.to_string_lossy().to_ascii_uppercase();
-            OBJECT_STORE_ENV_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
-        })
+        .filter(|name| name.to_str().is_some_and(|name| OBJECT_STORE_ENV_PREFIXES.iter().any(|p| name.starts_with(p))))
         .collect()
 }
 
