@@ -26,7 +26,7 @@ fn blobs_read_back_exact_and_a_changed_blob_fails_only_its_own_ranges() {
 fn a_missing_container_an_empty_prefix_and_no_account_are_refused_and_make_nothing() {
     let Some(azurite) = Azurite::start() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let says = "The specified container does not exist";
+    let says = "404 Not Found: ContainerNotFound: The specified container does not exist. RequestId:";
     stores::a_missing_bucket_and_an_empty_prefix_make_nothing(&azurite, dir.path(), says);
     let bare = NodeProcess::start(&dir.path().join("bare"));
     let refused = bare.ctl(&["dataset", "create", "d", "--kind", "bytes", "--source", "az://train/data/"]);

@@ -175,6 +175,22 @@ fn keys_with_url_characters_read_back_and_folder_objects_are_passed_over() {
     assert!(!refused.status.success() && said.contains("end the URL with '/'"), "{said}");
 }
 
+/// A store's refusal reaches the operator as the store's code and
+/// message (and its request id), not as the XML document it came in; the
+/// dataset is not made.
+#[test]
+fn a_missing_bucket_is_refused_in_the_store_s_words_not_its_xml() {
+    let Some(s3) = S3::start() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = node_for(&s3, dir.path());
+    let refused = node.ctl(&["dataset", "create", "gone", "--kind", "bytes", "--source", "s3://no-such-bucket/p/"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("404 Not Found: NoSuchBucket: The specified bucket does not exist (request id "), "{said}");
+    assert!(!said.contains('<') && !said.contains("HostId"), "the XML body is gone: {said}");
+    assert!(!node.ctl_ok(&["dataset", "ls"]).contains("gone"));
+}
+
 /// A prefix of `.npy` arrays that holds another file too (a
 /// `stats.json`, here of a whole number of tokens) is refused by that
 /// file's name, not spliced into the tokens; the arrays named one by one

@@ -85,7 +85,8 @@ pub fn cold_reads_are_exact_and_a_changed_object_fails_only_its_own_ranges(serve
 
 /// A bucket that does not exist (the store's answer says `missing_says`)
 /// and a prefix with no objects are refused at create, and neither makes
-/// a dataset.
+/// a dataset. The store's answer reaches the operator as its words, not as
+/// the XML document it came in.
 pub fn a_missing_bucket_and_an_empty_prefix_make_nothing(
     server: &dyn StoreServer,
     dir: &std::path::Path,
@@ -101,6 +102,7 @@ pub fn a_missing_bucket_and_an_empty_prefix_make_nothing(
         let refused = node.ctl(&["dataset", "create", "d", "--kind", "bytes", "--source", &source]);
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(!refused.status.success() && said.contains(says), "{source}: {said}");
+        assert!(!said.contains('<'), "{source}: no XML: {said}");
     }
     assert_nothing_made(&node);
 }

@@ -20,6 +20,7 @@ pub mod allow;
 pub mod cache;
 pub mod evict;
 pub mod read;
+mod store_error;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -177,7 +178,7 @@ impl Sources {
         // mid-body is retried like a 503.
         let retry = RetryConfig { max_retries: 0, ..RetryConfig::default() };
         let timeout = format!("{}ms", self.options.request_timeout.as_millis());
-        let err = |e: object_store::Error| e.to_string();
+        let err = |e: object_store::Error| store_error::describe(&e);
         let store: Arc<dyn ObjectStore> = match url.scheme() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -209,7 +210,7 @@ impl Sources {
                         .with_retry(retry)
                         .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), timeout)
                         .build()
-                        .map_err(|e| format!("{e}{AZURE_ACCOUNT_HINT}"))?,
+                        .map_err(|e| format!("{}{AZURE_ACCOUNT_HINT}", store_error::describe(&e)))?,
                 )
             }
             "http" | "https" => {
@@ -246,7 +247,8 @@ impl Sources {
             let (store, path) = self.locate(url)?;
             let list_err = |e: object_store::Error| {
                 let hint = credentials_hint(url, |name| std::env::var_os(name).is_some());
-                SourceError::List { url: url.clone(), why: format!("{e}{}", hint.unwrap_or_default()) }
+                let why = format!("{}{}", store_error::describe(&e), hint.unwrap_or_default());
+                SourceError::List { url: url.clone(), why }
             };
             let mut metas = if url.ends_with('/') {
                 let prefix = (!path.as_ref().is_empty()).then_some(&path);
@@ -375,9 +377,10 @@ fn classify(err: object_store::Error, url: &str, changed: impl Fn(String) -> Att
         E::NotFound { .. } => changed("it is gone".into()),
         E::Precondition { .. } | E::NotModified { .. } => changed("its ETag no longer matches".into()),
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
-            Attempt::Final(FetchError::Unavailable { url: url.to_string(), why: err.to_string(), attempts: 1 })
+            let why = store_error::describe(&err);
+            Attempt::Final(FetchError::Unavailable { url: url.to_string(), why, attempts: 1 })
         }
-        other => Attempt::Passing(other.to_string()),
+        other => Attempt::Passing(store_error::describe(&other)),
     }
 }
 
@@ -457,11 +460,12 @@ fn credentials_hint(url: &str, set: impl Fn(&str) -> bool) -> Option<&'static st
 /// as a prefix, the error says to end it with `/`.
 async fn not_an_object(store: &dyn ObjectStore, path: &Path, url: &str, err: object_store::Error) -> SourceError {
     let under = store.list(Some(path)).try_next().await.ok().flatten();
+    let err = store_error::describe(&err);
     let why = match under {
         Some(_) => {
             format!("no object is named so, but objects lie under it: end the URL with '/' to take every one ({err})")
         }
-        None => err.to_string(),
+        None => err,
     };
     SourceError::List { url: url.to_string(), why }
 }
