@@ -58,7 +58,8 @@ enum Cmd {
     /// all and beside the block CRC32C, and the heap allocations per
     /// batch, on a node of its own: at O_DIRECT (the goal's count) and
     /// through the warmed page cache; keeps the callgrind outputs for
-    /// `callgrind_annotate` (in target/bench-instructions).
+    /// `callgrind_annotate` (in target/bench-instructions: `*.out.1` is
+    /// each run up to the node's shutdown, what the count reads).
     Instructions {
         /// Batches of 32 reads in the small and the large run.
         #[arg(long, default_value_t = 200)]
@@ -153,7 +154,7 @@ fn run_instructions(small: u64, large: u64, data_mib: u64) -> Result<PathBuf, St
             count.waits_per_batch,
         );
     }
-    Ok(work.join(callgrind::output_name(Source::Device, large, false)))
+    Ok(callgrind::counted_part(&work.join(callgrind::output_name(Source::Device, large, false))))
 }
 
 /// The workspace and its target directory (`CARGO_TARGET_DIR` if set).
