@@ -349,19 +349,12 @@ impl NodeConfig {
             _ => return Err("etcd_cert and etcd_key go together: set both or neither".into()),
         };
         let user = match (&self.etcd_user, &self.etcd_password_file) {
-            (Some(user), Some(file)) => {
-                let password =
-                    std::fs::read_to_string(file).map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
-                let password = password.trim_end_matches(['\r', '\n']).to_string();
-                if password.is_empty() {
-                    return Err(format!("etcd_password_file {} is empty", file.display()));
-                }
-                Some((user.clone(), sluice_proto::codec::Secret::new(password)))
-            }
+            (Some(user), Some(file)) => Some((user.clone(), sluice_control::etcd::read_password_file(file)?)),
             (None, None) => None,
             _ => return Err("etcd_user and etcd_password_file go together: set both or neither".into()),
         };
-        Ok(sluice_control::etcd::EtcdAccess { ca: self.etcd_ca.clone(), identity, user })
+        let password_file = self.etcd_password_file.clone().filter(|_| user.is_some());
+        Ok(sluice_control::etcd::EtcdAccess { ca: self.etcd_ca.clone(), identity, user, password_file })
     }
 
     /// Why this config must not start: a listener off loopback with no
@@ -467,6 +460,28 @@ mod tests {
         let open =
             NodeConfig { control: "0.0.0.0:7070".parse().expect("addr"), insecure: true, ..NodeConfig::default() };
         assert_eq!(open.exposure(), None);
+    }
+
+    /// The node's etcd access names the password file, which the client
+    /// reads again at each sign-in (`tests/catalog_store.rs` rotates it);
+    /// the password is the file's first line, and an empty one is refused.
+    #[test]
+    fn etcd_access_reads_the_password_file_and_keeps_its_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("etcd.password");
+        std::fs::write(&file, "s3cret\r\n").expect("write");
+        let config = NodeConfig {
+            etcd_user: Some("n1".into()),
+            etcd_password_file: Some(file.clone()),
+            ..NodeConfig::default()
+        };
+        let access = config.etcd_access().expect("access");
+        assert_eq!(access.password_file.as_deref(), Some(file.as_path()));
+        let (user, password) = access.user.expect("a user");
+        assert_eq!((user.as_str(), password.expose()), ("n1", "s3cret"));
+        std::fs::write(&file, "\n").expect("write");
+        assert!(config.etcd_access().is_err_and(|why| why.contains("is empty")));
+        assert!(NodeConfig::default().etcd_access().expect("no user").password_file.is_none());
     }
 
     #[test]

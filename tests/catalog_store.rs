@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::etcd::{live_members, path, start_etcd};
+use std::io::Write as _;
+
+use common::etcd::{live_members, path, start_etcd, ROOT_PASSWORD};
 use common::{eventually, random_file, NodeProcess};
 use sluice_control::catalog::{CatalogError, CatalogStore, DatasetState, NamespaceKind, NamespaceRecord};
 use sluice_control::cluster::EtcdCatalog;
@@ -141,6 +143,42 @@ fn a_node_role_writes_only_its_own_keys() {
     let no_cert = EtcdAccess { identity: None, ..etcd.access("/sluice-test", "n1") };
     let err = Etcd::connect(&etcd.endpoint, &no_cert).expect("client").get("/sluice-test/datasets/x");
     assert!(err.is_err(), "a client without a certificate is refused at the handshake");
+}
+
+/// A node's etcd password rotated (`etcdctl user passwd`, which ends the
+/// user's tokens, and its password file rewritten, as a Kubernetes Secret
+/// is) is taken at the next sign-in, with no restart; a client holding
+/// the password it was given at start is refused from then on.
+#[test]
+fn a_rotated_etcd_password_is_read_from_its_file_at_the_next_sign_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(etcd) = start_etcd(dir.path()) else { return };
+    let access = etcd.access("/sluice-test", "n1");
+    let follows_file = Etcd::connect(&etcd.endpoint, &access).expect("etcd as n1");
+    let fixed = Etcd::connect(&etcd.endpoint, &EtcdAccess { password_file: None, ..access.clone() }).expect("etcd");
+    for client in [&follows_file, &fixed] {
+        client.put("/sluice-test/datasets/r", b"{}", None).expect("signed in with the first password");
+    }
+
+    let rotated = format!("pw-rotated-{}", rand::random::<u64>());
+    let mut passwd = etcd
+        .etcdctl(Some(&format!("root:{ROOT_PASSWORD}")))
+        .args(["user", "passwd", "n1", "--interactive=false"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("etcdctl user passwd");
+    passwd.stdin.take().expect("stdin").write_all(format!("{rotated}\n").as_bytes()).expect("new password");
+    let out = passwd.wait_with_output().expect("etcdctl");
+    assert!(out.status.success(), "etcdctl user passwd: {}", String::from_utf8_lossy(&out.stderr));
+    let file = access.password_file.as_ref().expect("the test's access names its password file");
+    std::fs::write(file, format!("{rotated}\n")).expect("rewrite the password file");
+
+    let kept = follows_file.get("/sluice-test/datasets/r").expect("signed in again with the file's new password");
+    assert_eq!(kept.map(|kv| kv.value), Some(b"{}".to_vec()));
+    let err = fixed.get("/sluice-test/datasets/r").expect_err("the old password no longer signs in");
+    assert!(err.to_string().contains("authentication failed"), "{err}");
 }
 
 /// Copy records in etcd are input, not orders: one naming a file outside

@@ -9,9 +9,13 @@
 //! and client certificates as the node's other TLS), a client certificate
 //! for etcd's `--client-cert-auth`, and etcd's own authentication: the
 //! node signs in as its user and sends the token etcd gives it with every
-//! call, signing in again when etcd says the token expired.
+//! call, signing in again when etcd says the token expired. A password
+//! given as a file is read again at each sign-in, so a rotated password
+//! (`etcdctl user passwd`, which also ends the user's tokens, and the
+//! file rewritten, as a Kubernetes Secret's is) is taken without a
+//! restart.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,7 +73,22 @@ pub struct EtcdAccess {
     /// Client certificate and key (PEM), for etcd's `--client-cert-auth`.
     pub identity: Option<(PathBuf, PathBuf)>,
     /// etcd user and password, where etcd has authentication enabled.
-    pub user: Option<(String, sluice_proto::codec::Secret)>,
+    pub user: Option<(String, Secret)>,
+    /// The file the password was read from, read again at each sign-in:
+    /// the password etcd now takes where it was rotated.
+    pub password_file: Option<PathBuf>,
+}
+
+use sluice_proto::codec::Secret;
+
+/// The etcd password in `file`: its first line, which may not be empty.
+pub fn read_password_file(file: &Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
+    let password = text.lines().next().unwrap_or_default();
+    if password.is_empty() {
+        return Err(format!("etcd_password_file {} is empty", file.display()));
+    }
+    Ok(Secret::new(password.to_string()))
 }
 
 impl std::fmt::Debug for EtcdAccess {
@@ -78,6 +97,7 @@ impl std::fmt::Debug for EtcdAccess {
             .field("ca", &self.ca)
             .field("identity", &self.identity)
             .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("password_file", &self.password_file)
             .finish()
     }
 }
@@ -87,7 +107,7 @@ impl std::fmt::Debug for EtcdAccess {
 pub struct Etcd {
     endpoint: String,
     agent: ureq::Agent,
-    user: Option<Arc<(String, sluice_proto::codec::Secret)>>,
+    user: Option<Arc<User>>,
     /// The token of the current sign-in, shared by every clone.
     token: Arc<Mutex<Option<String>>>,
 }
@@ -95,6 +115,29 @@ pub struct Etcd {
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Etcd").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+/// Who the node signs in as.
+struct User {
+    name: String,
+    /// The password of the last sign-in (read at start, or from `file`).
+    password: Mutex<Secret>,
+    file: Option<PathBuf>,
+}
+
+impl User {
+    /// The password to sign in with: `file`'s as it is now, or where it
+    /// cannot be read (mid-rewrite, say), the last one, with a warning.
+    fn password(&self) -> Secret {
+        let mut last = self.password.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(file) = &self.file {
+            match read_password_file(file) {
+                Ok(now) => *last = now,
+                Err(why) => tracing::warn!("{why}; signing in to etcd with the password read before"),
+            }
+        }
+        last.clone()
     }
 }
 
@@ -156,7 +199,10 @@ impl Etcd {
                 .map_err(|e| EtcdError::Call { endpoint: endpoint.clone(), message: e.to_string() })?;
             agent = agent.tls_config(tls);
         }
-        Ok(Self { endpoint, agent: agent.build(), user: access.user.clone().map(Arc::new), token: Arc::default() })
+        let user = access.user.clone().map(|(name, password)| {
+            Arc::new(User { name, password: Mutex::new(password), file: access.password_file.clone() })
+        });
+        Ok(Self { endpoint, agent: agent.build(), user, token: Arc::default() })
     }
 
     pub fn endpoint(&self) -> &str {
@@ -186,7 +232,7 @@ impl Etcd {
         if let Some(token) = slot.as_ref() {
             return Ok(Some(token.clone()));
         }
-        let (name, password) = user;
+        let (name, password) = (&user.name, user.password());
         let body = json!({ "name": name, "password": password.expose() });
         let answer = self.send("/v3/auth/authenticate", &body, None)?;
         let token = answer

@@ -91,6 +91,7 @@ impl EtcdServer {
             ca: Some(self.ca.clone()),
             identity: Some(self.client_cert(node)),
             user: Some((node.to_string(), sluice_proto::codec::Secret::new(secret))),
+            password_file: Some(password),
         }
     }
 
@@ -100,6 +101,7 @@ impl EtcdServer {
             ca: Some(self.ca.clone()),
             identity: Some(self.client_cert("root")),
             user: Some(("root".into(), sluice_proto::codec::Secret::new(ROOT_PASSWORD.into()))),
+            password_file: None,
         };
         Etcd::connect(&self.endpoint, &access).expect("etcd as root")
     }
