@@ -23,6 +23,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sluice_proto::codec::Secret;
 
 /// Longest one etcd call may take before the catalog reports it down.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -78,8 +79,6 @@ pub struct EtcdAccess {
     /// the password etcd now takes where it was rotated.
     pub password_file: Option<PathBuf>,
 }
-
-use sluice_proto::codec::Secret;
 
 /// The etcd password in `file`: its first line, which may not be empty.
 pub fn read_password_file(file: &Path) -> Result<Secret, String> {
