@@ -116,7 +116,8 @@ fn instruction_paragraph(count: &Result<InstructionCount, String>) -> String {
     };
     format!(
         "**{}**: {:.0} instructions per read: ({} − {}) instructions / ({} − {}) reads, two runs of `sluiced --cores 1` \
-         under `valgrind --tool=callgrind` serving batches of 32 random 4 KiB reads over TCP. User space only; \
+         under `valgrind --tool=callgrind` serving batches of 32 random 4 KiB reads over TCP, each counted up to \
+         the node's shutdown. User space only; \
          the kernel's share (io_uring, TCP) is not counted.\n\n\
          {:.0} of them per read beside verification (two more runs, leaving out `block_crc`, the CRC32C of \
          each 4 KiB block read: {:.0} a block under callgrind, which runs `crc-fast`'s SSE code, not the AVX-512 \
