@@ -176,8 +176,9 @@ fn keys_with_url_characters_read_back_and_folder_objects_are_passed_over() {
 }
 
 /// A store's refusal reaches the operator as the store's code and
-/// message (and its request id), not as the XML document it came in; the
-/// dataset is not made.
+/// message (and its request id), not as the XML document it came in; a
+/// single object in a missing bucket says the bucket is missing; no
+/// dataset is made.
 #[test]
 fn a_missing_bucket_is_refused_in_the_store_s_words_not_its_xml() {
     let Some(s3) = S3::start() else { return };
@@ -188,6 +189,11 @@ fn a_missing_bucket_is_refused_in_the_store_s_words_not_its_xml() {
     assert!(!refused.status.success(), "{said}");
     assert!(said.contains("404 Not Found: NoSuchBucket: The specified bucket does not exist (request id "), "{said}");
     assert!(!said.contains('<') && !said.contains("HostId"), "the XML body is gone: {said}");
+    // A HEAD's 404 has no body: the listing beside it names the bucket.
+    let refused = node.ctl(&["dataset", "create", "gone", "--kind", "bytes", "--source", "s3://no-such-bucket/k.bin"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("404 Not Found; listing under it: ") && said.contains("NoSuchBucket"), "{said}");
     assert!(!node.ctl_ok(&["dataset", "ls"]).contains("gone"));
 }
 

@@ -457,15 +457,17 @@ fn credentials_hint(url: &str, set: impl Fn(&str) -> bool) -> Option<&'static st
 }
 
 /// Why `url`, which names no object, failed: where objects lie under it
-/// as a prefix, the error says to end it with `/`.
+/// as a prefix, the error says to end it with `/`; where listing fails
+/// too, it says why, since a HEAD's 404 has no body to tell a missing
+/// object from a missing bucket.
 async fn not_an_object(store: &dyn ObjectStore, path: &Path, url: &str, err: object_store::Error) -> SourceError {
-    let under = store.list(Some(path)).try_next().await.ok().flatten();
     let err = store_error::describe(&err);
-    let why = match under {
-        Some(_) => {
+    let why = match store.list(Some(path)).try_next().await {
+        Ok(Some(_)) => {
             format!("no object is named so, but objects lie under it: end the URL with '/' to take every one ({err})")
         }
-        None => err,
+        Ok(None) => err,
+        Err(listing) => format!("{err}; listing under it: {}", store_error::describe(&listing)),
     };
     SourceError::List { url: url.to_string(), why }
 }

@@ -23,14 +23,15 @@ pub(super) fn describe(err: &object_store::Error) -> String {
     tidy(&err.to_string())
 }
 
-/// [`describe`] for the text of an error.
+/// [`describe`] for the text of an error. An answer with no body (a
+/// HEAD's) leaves the text ending in the colon before it, which goes.
 pub(super) fn tidy(text: &str) -> String {
     let summarized = match body_start(text) {
         Some(at) => match summary(&text[at..]) {
             Some(summary) => format!("{}{summary}", &text[..at]),
             None => text.to_string(),
         },
-        None => text.to_string(),
+        None => text.trim_end().trim_end_matches(':').to_string(),
     };
     bounded(summarized)
 }
@@ -174,7 +175,7 @@ mod tests {
     #[test]
     fn text_without_a_known_body_is_kept_and_every_text_is_bounded() {
         let plain = "Object at location key not found: Server returned non-2xx status code: 404 Not Found: ";
-        assert_eq!(tidy(plain), plain);
+        assert_eq!(tidy(plain), plain.trim_end_matches(": "), "the colon of a body that is not there goes");
         let unreadable = "500: <Error><Code>Oops</Code><Message>cut sh";
         assert_eq!(tidy(unreadable), unreadable, "XML that does not read is kept as it came");
 
