@@ -353,7 +353,8 @@ impl NodeConfig {
             (None, None) => None,
             _ => return Err("etcd_user and etcd_password_file go together: set both or neither".into()),
         };
-        let password_file = self.etcd_password_file.clone().filter(|_| user.is_some());
+        // Set only with a user: the match above refuses a file without one.
+        let password_file = self.etcd_password_file.clone();
         Ok(sluice_control::etcd::EtcdAccess { ca: self.etcd_ca.clone(), identity, user, password_file })
     }
 

@@ -15,7 +15,7 @@ use quick_xml::Reader;
 
 /// The most characters of an error's text kept: the store's own words fit
 /// well within it; a body this describer does not know is cut.
-pub(super) const ERROR_TEXT_MAX_CHARS: usize = 600;
+const ERROR_TEXT_MAX_CHARS: usize = 600;
 
 /// `err`'s text with the body of the store's answer reduced to its code
 /// and message, at most [`ERROR_TEXT_MAX_CHARS`] characters.
@@ -25,7 +25,7 @@ pub(super) fn describe(err: &object_store::Error) -> String {
 
 /// [`describe`] for the text of an error. An answer with no body (a
 /// HEAD's) leaves the text ending in the colon before it, which goes.
-pub(super) fn tidy(text: &str) -> String {
+fn tidy(text: &str) -> String {
     let summarized = match body_start(text) {
         Some(at) => match summary(&text[at..]) {
             Some(summary) => format!("{}{summary}", &text[..at]),
@@ -53,11 +53,10 @@ fn summary(body: &str) -> Option<String> {
         (Some(only), None) | (None, Some(only)) => only,
         (None, None) => return None,
     };
-    if let Some(details) = details {
-        summary.push_str(&format!(" ({details})"));
-    }
-    if let Some(id) = request_id {
-        summary.push_str(&format!(" (request id {id})"));
+    for (before, part) in [(" (", details), (" (request id ", request_id)] {
+        if let Some(part) = part {
+            summary.extend([before, &part, ")"]);
+        }
     }
     Some(summary)
 }
